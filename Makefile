@@ -1,0 +1,31 @@
+# Quick start: `make demo` runs the main job, `make test` runs the tests. Each builds .venv itself.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+
+.PHONY: venv test test-slow demo bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[agent,data,dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow
+
+demo: $(STAMP)
+	$(BIN)/trace-rl bench allocation
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/allocate_speed.py
+	$(BIN)/trace-rl bench allocation --json
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache
