@@ -1,0 +1,64 @@
+"""The small types every part of the agent side shares: tasks, tool calls, corpora."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One action of the agent: a tool name and its keyword arguments.
+
+    The final answer is the action `ToolCall("answer", {"answer": "..."})`.
+    """
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Passage:
+    """One searchable document."""
+
+    doc_id: str
+    title: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Task:
+    """One question for the agent, with what is needed to grade it.
+
+    `answers` holds every accepted gold answer (aliases); the first is canonical. `scorer` names a
+    function in `trace_rl.agent.scoring.SCORERS`. `tools` lists the tools the agent may call.
+    """
+
+    task_id: str
+    question: str
+    answers: tuple[str, ...]
+    source: str
+    tools: tuple[str, ...] = ()
+    scorer: str = "exact_match"
+    corpus: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+OraclePolicy = Callable[[Task, Sequence[tuple[ToolCall, str]]], ToolCall]
+"""A scripted agent: given the task and the (action, observation) pairs so far, the next action.
+
+Oracles must act on what the tools return (for example read the bridge entity out of a search
+result), never on the gold answer alone, so that solving a task proves tools and scorer agree.
+"""
+
+
+@dataclass
+class TaskSet:
+    """A list of tasks plus what their tools need: the search corpus and a scripted oracle."""
+
+    name: str
+    tasks: list[Task]
+    corpus: list[Passage] = field(default_factory=list)
+    oracle: OraclePolicy | None = None
+    meta: dict[str, Any] = field(default_factory=dict)

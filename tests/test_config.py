@@ -1,0 +1,61 @@
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pytest
+
+from trace_rl.config import ConfigError, dump_yaml, load_config
+
+
+@dataclass
+class Inner:
+    budget: int = 8
+    share: float = 0.5
+    method: Literal["trace", "grpo"] = "trace"
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.budget < 0:
+            raise ValueError(f"budget must be >= 0, got {self.budget}")
+
+
+@dataclass
+class Outer:
+    seed: int = 0
+    inner: Inner = field(default_factory=Inner)
+    tags: list[str] = field(default_factory=list)
+
+
+def test_file_then_overrides_in_order(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("seed: 3\ninner:\n  budget: 16\n")
+    config = load_config(Outer, path, ["inner.share=0.25", "inner.method=grpo", "tags=[a, b]", "inner.budget=4"])
+    assert config == Outer(seed=3, inner=Inner(budget=4, share=0.25, method="grpo"), tags=["a", "b"])
+
+
+def test_round_trip_through_yaml(tmp_path):
+    config = load_config(Outer, None, ["inner.name=x"])
+    dump_yaml(config, tmp_path / "out.yaml")
+    assert load_config(Outer, tmp_path / "out.yaml") == config
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("inner.budgt=3", r"unknown config key 'inner.budgt'; did you mean 'budget'\?"),
+        ("inner.method=trac", r"inner.method='trac' is not accepted; did you mean 'trace'\? \(accepted: trace, grpo\)"),
+        ("inner.budget=2.5", "inner.budget must be an integer, got 2.5"),
+        ("inner.budget=-1", "budget must be >= 0"),
+        ("seed", "must look like section.key=value"),
+        ("inner=3", "inner must be a mapping"),
+    ],
+)
+def test_bad_keys_and_values_are_named(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(Outer, None, [override])
+
+
+def test_non_mapping_file_is_rejected(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(Outer, path)
