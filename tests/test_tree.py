@@ -111,12 +111,18 @@ def test_jsonl_round_trip_is_lossless(tmp_path):
     assert first["nodes"][0]["reward"] is None and first["nodes"][2]["reward"] == 1.0
 
 
-def test_reading_a_corrupt_tree_names_the_line(tmp_path):
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [("parent", 5, "expected a smaller id"), ("reward", float("nan"), "non-finite reward"), ("mask", [2], "mask entries")],
+)
+def test_reading_a_corrupt_tree_names_the_line_and_the_fault(tmp_path, field, value, message):
     tree = branched_tree().to_dict()
-    tree["nodes"][2]["parent"] = 5
+    tree["nodes"][2][field] = value
+    if field == "mask":
+        tree["nodes"][2].update(token_ids=[1], logprobs=[0.0])
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(tree) + "\n")
-    with pytest.raises(ValueError, match="bad.jsonl:1"):
+    with pytest.raises(ValueError, match=f"bad.jsonl:1: .*{message}"):
         read_jsonl(path)
 
 

@@ -230,6 +230,10 @@ class RolloutTree:
                 raise ValueError(f"tree {self.task_id!r}: terminal node {index} has children")
             if not (len(node.token_ids) == len(node.mask) == len(node.logprobs)):
                 raise ValueError(f"tree {self.task_id!r}: node {index} token_ids/mask/logprobs lengths differ")
+            if any(m not in (0, 1) for m in node.mask):
+                raise ValueError(f"tree {self.task_id!r}: node {index} has mask entries other than 0 and 1")
+            if node.reward is not None and not np.isfinite(node.reward):
+                raise ValueError(f"tree {self.task_id!r}: node {index} has a non-finite reward {node.reward!r}")
         for node in self.nodes[1:]:
             if node.id not in self.nodes[node.parent].children:
                 raise ValueError(f"tree {self.task_id!r}: node {node.id} missing from its parent's children")
