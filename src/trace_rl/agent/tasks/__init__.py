@@ -1,0 +1,75 @@
+"""Task sets by name: bundled generators, reasoning-gym datasets, FanOutQA over Wikipedia, files on disk.
+
+    load_taskset("multihop", split="test", num_tasks=200, seed=0)
+    load_taskset("toolmath")
+    load_taskset("rg:gsm_symbolic", num_tasks=100)          # any reasoning-gym dataset, config as options
+    load_taskset("wiki_fanoutqa", level="sub")
+    load_taskset("file:data/nq_search/train.parquet")       # verl / Search-R1 rows, HotpotQA, GSM8K
+    load_taskset("file:gsm8k_test.jsonl", format="gsm8k")
+
+Names:
+  - `multihop`: synthetic world, 1-4 hop questions answered with the search tool (`tasks/multihop.py`);
+  - `toolmath`: 2-5 step arithmetic word problems for the calculator / python tools (`tasks/toolmath.py`);
+  - `wiki_fanoutqa`: FanOutQA questions over ~10k Wikipedia lead paragraphs (`tasks/wiki.py`);
+  - `rg:<dataset>`: a reasoning-gym dataset (`tasks/reasoning_gym.py`);
+  - `file:<path>`: a task file in one of `loaders.FORMATS` (`tasks/loaders.py`).
+
+Every task set is deterministic in (`name`, `split`, `seed`, options). `split` is 'train' or 'test'
+(disjoint questions) for the generated and packaged sets; a file is taken as one split.
+Unknown names raise ValueError with the closest known name.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from typing import Any
+
+from trace_rl.agent.tasks import loaders, multihop, toolmath, wiki
+from trace_rl.agent.types import TaskSet
+
+TASKSETS: dict[str, Callable[..., TaskSet]] = {
+    "multihop": multihop.load,
+    "toolmath": toolmath.load,
+    "wiki_fanoutqa": wiki.load_fanoutqa,
+}
+"""Plain task-set names and their loaders (keyword arguments: split, num_tasks, seed, **options)."""
+
+PREFIXES = ("rg:", "file:")
+"""Parameterised names: `rg:<reasoning-gym dataset>` and `file:<path>`."""
+
+
+def available_tasksets() -> list[str]:
+    """Every name `load_taskset` accepts, with the parameterised forms written as patterns."""
+    return [*TASKSETS, "rg:<dataset>", "file:<path>"]
+
+
+def load_taskset(
+    name: str,
+    *,
+    split: str = "train",
+    num_tasks: int | None = None,
+    seed: int = 0,
+    **options: Any,
+) -> TaskSet:
+    """The task set called `name` (see the module docstring); `options` go to its loader.
+
+    `num_tasks` keeps the first tasks of the split (each loader orders its tasks so that a prefix is a
+    fair sample); None keeps them all.
+    """
+    if num_tasks is not None and (not isinstance(num_tasks, int) or num_tasks < 1):
+        raise ValueError(f"num_tasks must be a positive int or None, got {num_tasks!r}")
+    if name.startswith("rg:"):
+        from trace_rl.agent.tasks import reasoning_gym
+
+        return reasoning_gym.load(name[len("rg:"):], split=split, num_tasks=num_tasks, seed=seed, **options)
+    if name.startswith("file:"):
+        return loaders.load_file(name[len("file:"):], split=split, num_tasks=num_tasks, **options)
+    if name not in TASKSETS:
+        close = difflib.get_close_matches(name, [*TASKSETS, *PREFIXES], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown task set {name!r}{hint} (known: {', '.join(available_tasksets())})")
+    return TASKSETS[name](split=split, num_tasks=num_tasks, seed=seed, **options)
+
+
+__all__ = ["PREFIXES", "TASKSETS", "available_tasksets", "load_taskset"]

@@ -1,0 +1,207 @@
+"""Agent tools: typed functions the model calls, a registry, and `run_tool`, the one place they run.
+
+A tool is a plain function returning the text the model sees, plus a docstring whose first
+paragraph is shown to the model. Two kinds of failure are kept apart (STYLE §5):
+
+- `ToolError` and its subclasses: the model misused the tool (`ToolInputError`), the tool ran out of
+  time (`ToolTimeoutError`) or its backend failed (`ToolUnavailableError`). `run_tool` turns these
+  into an error observation, the episode goes on, and the kind is recorded.
+- anything else: our bug. It propagates and stops the run.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from trace_rl.agent.protocol import ANSWER, ToolParam, ToolSpec, check_arguments
+from trace_rl.agent.types import Passage, ToolCall
+
+
+class ToolError(Exception):
+    """A failure the model should see as an observation (base class; raise a subclass)."""
+
+    kind: str = "error"
+
+
+class ToolInputError(ToolError, ValueError):
+    """The model gave the tool input it cannot use (bad expression, empty query, ...)."""
+
+    kind = "input"
+
+
+class ToolTimeoutError(ToolError, TimeoutError):
+    """The tool did not finish in its time limit."""
+
+    kind = "timeout"
+
+
+class ToolUnavailableError(ToolError):
+    """The tool's backend failed (retrieval server down, HTTP error, malformed reply)."""
+
+    kind = "unavailable"
+
+
+ToolErrorKind = Literal["input", "timeout", "unavailable", "error", "unknown_tool", "arguments"]
+
+_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A callable tool and the spec the turn formats show to the model."""
+
+    spec: ToolSpec
+    fn: Callable[..., str]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @classmethod
+    def from_function(
+        cls,
+        fn: Callable[..., str],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> Tool:
+        """Build a tool from a typed function: parameters from its signature, description from its docstring.
+
+        `params` describes each parameter for the model (name -> one line). Only str, int, float and
+        bool parameters are allowed, so every format can carry them; the first one is the parameter
+        the tag format fills (`<search>QUERY</search>`) and must be a required str.
+        """
+        tool_name = name or fn.__name__
+        text = description if description is not None else inspect.getdoc(fn) or ""
+        text = text.strip().split("\n\n")[0].replace("\n", " ").strip()
+        if not text:
+            raise ValueError(f"tool {tool_name!r} needs a description (docstring or description=)")
+        hints = typing.get_type_hints(fn)
+        docs = dict(params or {})
+        out = []
+        for param in inspect.signature(fn).parameters.values():
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise ValueError(f"tool {tool_name!r}: *args/**kwargs are not allowed ({param.name})")
+            py_type = hints.get(param.name)
+            if py_type not in _JSON_TYPES:
+                raise ValueError(f"tool {tool_name!r}: parameter {param.name!r} must be str, int, float or bool, got {py_type!r}")
+            out.append(
+                ToolParam(
+                    name=param.name,
+                    type=_JSON_TYPES[py_type],  # type: ignore[arg-type]
+                    description=docs.pop(param.name, ""),
+                    required=param.default is inspect.Parameter.empty,
+                )
+            )
+        if docs:
+            raise ValueError(f"tool {tool_name!r}: params describes unknown parameters {sorted(docs)}")
+        spec = ToolSpec(name=tool_name, description=text, params=tuple(out))
+        return cls(spec=spec, fn=fn)
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What one tool call produced: the text the model sees and how it went."""
+
+    output: str
+    """The tool's output, or the error message when `error_kind` is set."""
+    error_kind: ToolErrorKind | None = None
+    """None on success; otherwise why the call failed (the model still sees `output`)."""
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error_kind is None
+
+    @property
+    def timed_out(self) -> bool:
+        return self.error_kind == "timeout"
+
+
+def run_tool(tools: Mapping[str, Tool], call: ToolCall) -> ToolResult:
+    """Run one call. Model mistakes and tool failures come back as a result; our bugs raise.
+
+    The answer action is not a tool (the env handles it); passing it here is a bug and raises.
+    """
+    if call.name == ANSWER:
+        raise ValueError("the answer action is handled by the env, not by run_tool")
+    tool = tools.get(call.name)
+    if tool is None:
+        available = ", ".join(sorted(tools)) or "none"
+        return ToolResult(f"error: no tool named {call.name!r}; available tools: {available}", "unknown_tool")
+    problem = check_arguments(tool.spec, call.arguments)
+    if problem is not None:
+        return ToolResult(f"error: {call.name}: {problem}", "arguments")
+    start = time.perf_counter()
+    try:
+        output = tool.fn(**call.arguments)
+    except ToolError as exc:
+        return ToolResult(f"error: {call.name}: {exc}", exc.kind, time.perf_counter() - start)  # type: ignore[arg-type]
+    # No `except Exception`: anything else is our bug and must raise.
+    if not isinstance(output, str):
+        raise TypeError(f"tool {call.name!r} returned {type(output).__name__}, expected str")
+    return ToolResult(output, None, time.perf_counter() - start)
+
+
+TOOL_NAMES = ("search", "calculator", "python")
+"""The tools `build_tools` knows, in the order prompts list them."""
+
+
+def build_tools(
+    names: Sequence[str] = TOOL_NAMES,
+    *,
+    corpus: Sequence[Passage] | None = None,
+    search_url: str | None = None,
+    topk: int = 3,
+    search_timeout_s: float = 10.0,
+    python_timeout_s: float = 5.0,
+) -> dict[str, Tool]:
+    """The standard tool registry.
+
+    `search` runs BM25 over `corpus` in process, or asks the Search-R1-style retrieval server at
+    `search_url` (exactly one of the two). `python` needs `trace_rl.agent.tools.python_tool`.
+    """
+    tools: dict[str, Tool] = {}
+    for name in names:
+        if name == "search":
+            from trace_rl.agent.tools.search import RetrievalClient, search_tool
+
+            if (corpus is None) == (search_url is None):
+                raise ValueError("the search tool needs exactly one of corpus= and search_url=")
+            if search_url is not None:
+                tools[name] = RetrievalClient(search_url, topk=topk, timeout_s=search_timeout_s).tool()
+            else:
+                tools[name] = search_tool(corpus, topk=topk)  # type: ignore[arg-type]
+        elif name == "calculator":
+            from trace_rl.agent.tools.calculator import calculator_tool
+
+            tools[name] = calculator_tool()
+        elif name == "python":
+            from trace_rl.agent.tools.python_tool import python_tool
+
+            tools[name] = python_tool(timeout_s=python_timeout_s)
+        else:
+            raise ValueError(f"unknown tool {name!r} (known: {', '.join(TOOL_NAMES)})")
+    return tools
+
+
+__all__ = [
+    "TOOL_NAMES",
+    "Tool",
+    "ToolError",
+    "ToolErrorKind",
+    "ToolInputError",
+    "ToolParam",
+    "ToolResult",
+    "ToolSpec",
+    "ToolTimeoutError",
+    "ToolUnavailableError",
+    "build_tools",
+    "run_tool",
+]

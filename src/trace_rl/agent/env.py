@@ -1,0 +1,321 @@
+"""Text environments for tool-using agents: the `Env` protocol and `ToolEnv`, its ReAct implementation.
+
+An episode is one task. `reset(task)` returns the prompt; each `step(action_text)` takes one
+generated turn (thought + action, as text) and returns what to append to the context next. The
+episode ends when the agent answers (`terminated`, reward from the task's scorer) or when it has
+used `max_turns` turns without answering (`truncated`, reward 0). A malformed turn is not a crash:
+the observation tells the model what was wrong, the turn counts toward the limit, and the raw text
+is kept in `StepInfo`.
+
+Branching (TRACE Stage 2 continues rollouts from intermediate prefixes): `restore(task, actions)`
+puts the env where it was after those turns by replaying them. Our tools are deterministic and
+stateless, so replay reproduces the observations exactly; `snapshot()` / `load_snapshot()` do the
+same without re-running tools.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from trace_rl.agent.protocol import ANSWER, TurnFormat, get_format
+from trace_rl.agent.tools import Tool, ToolErrorKind, ToolSpec, build_tools, run_tool
+from trace_rl.agent.types import Task, TaskSet, ToolCall
+
+Scorer = Callable[[Task, str], float]
+"""`scorer(task, answer) -> reward in [0, 1]`; exceptions propagate (a crashed scorer is not a failed rollout)."""
+
+TRUNCATION_MARKER = "\n[... {n} more characters truncated]"
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """Everything known about one turn. Fields, not a free-form dict (STYLE §4)."""
+
+    turn: int
+    """1-based index of this turn in the episode."""
+    text: str
+    """The turn exactly as the policy wrote it (malformed turns included)."""
+    thought: str
+    action: str
+    """The action as written ("" when none was found)."""
+    call: ToolCall | None
+    """The parsed action; None when the turn was malformed."""
+    parse_error: str | None = None
+    tool_error: ToolErrorKind | None = None
+    """Why the tool call failed, if it did (the model sees the message as its observation)."""
+    observation: str = ""
+    """The bare observation (tool output or error message, after truncation), without format tags."""
+    observation_truncated: bool = False
+    """Whether the observation was cut to `max_observation_chars` (a marker says how much went)."""
+    tool_seconds: float = field(default=0.0, compare=False)
+    """Wall time of the tool call; not compared, so replayed steps equal the originals."""
+    trailing: str = ""
+    """Text after the action, ignored."""
+    answer: str | None = None
+    """The final answer, on the turn that gave one."""
+
+    @property
+    def timed_out(self) -> bool:
+        return self.tool_error == "timeout"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (for `Node.info` in rollout trees)."""
+        data = asdict(self)
+        data["call"] = None if self.call is None else {"name": self.call.name, "arguments": dict(self.call.arguments)}
+        return data
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one `step` returns.
+
+    `terminated` (the agent answered) and `truncated` (the turn limit; says nothing about the answer)
+    are kept apart, as in Gymnasium; `done` is either.
+    """
+
+    observation: str
+    """Text to append to the context after the turn (rendered in the format's observation tags);
+    "" when the episode is over."""
+    reward: float
+    """The task's score on the terminal turn; 0.0 otherwise."""
+    terminated: bool
+    truncated: bool
+    info: StepInfo
+
+    @property
+    def done(self) -> bool:
+        return self.terminated or self.truncated
+
+
+class Env(Protocol):
+    """One task episode at a time; the agent's turns (text) are the actions."""
+
+    max_turns: int
+
+    def reset(self, task: Task, *, seed: int | None = None) -> str:
+        """Start an episode; returns the prompt (the first observation)."""
+        ...
+
+    def step(self, action: str) -> StepResult:
+        """Apply one generated turn. Raises RuntimeError outside an episode (before reset, after the end)."""
+        ...
+
+    def restore(self, task: Task, actions: Sequence[str], *, seed: int | None = None) -> str:
+        """Put the env where it was after `actions` (turn texts), so a branch can continue from there.
+
+        Returns the observation that followed the last action (the prompt when `actions` is empty).
+        Raises ValueError if one of the actions ends the episode.
+        """
+        ...
+
+
+@dataclass(frozen=True)
+class EnvSnapshot:
+    """The whole state of a `ToolEnv` episode (tools are stateless, so this is enough)."""
+
+    task: Task
+    prompt: str
+    steps: tuple[StepResult, ...]
+    context: str
+
+
+class ToolEnv:
+    """ReAct tool use: a turn format, a tool registry, a scorer, a turn limit.
+
+    Each task's `tools` selects which tools of the registry it may call (empty: it can only answer).
+    Observations longer than `max_observation_chars` are cut, with a marker saying how much was cut.
+    """
+
+    def __init__(
+        self,
+        tools: Mapping[str, Tool],
+        *,
+        turn_format: TurnFormat | str = "tag",
+        scorer: Scorer | None = None,
+        max_turns: int = 8,
+        max_observation_chars: int = 4000,
+    ) -> None:
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if max_observation_chars < 1:
+            raise ValueError(f"max_observation_chars must be >= 1, got {max_observation_chars}")
+        self.tools = dict(tools)
+        self.format = get_format(turn_format) if isinstance(turn_format, str) else turn_format
+        self.scorer = scorer if scorer is not None else default_scorer
+        self.max_turns = max_turns
+        self.max_observation_chars = max_observation_chars
+        self._state: EnvSnapshot | None = None
+        self._specs: list[ToolSpec] = []
+        self._done = True
+
+    @classmethod
+    def for_taskset(
+        cls,
+        taskset: TaskSet,
+        *,
+        turn_format: TurnFormat | str = "tag",
+        scorer: Scorer | None = None,
+        max_turns: int = 8,
+        max_observation_chars: int = 4000,
+        search_url: str | None = None,
+        topk: int = 3,
+    ) -> ToolEnv:
+        """An env with the tools the taskset's tasks use; search runs over its corpus (or `search_url`)."""
+        names = sorted({name for task in taskset.tasks for name in task.tools})
+        corpus = taskset.corpus if "search" in names and search_url is None else None
+        tools = build_tools(names, corpus=corpus, search_url=search_url, topk=topk)
+        return cls(tools, turn_format=turn_format, scorer=scorer, max_turns=max_turns, max_observation_chars=max_observation_chars)
+
+    # ---------------------------------------------------------------- what the policy sees
+
+    def tool_specs(self, task: Task) -> list[ToolSpec]:
+        """Specs of the tools `task` may call, in the task's order. Raises ValueError if one is missing."""
+        missing = [name for name in task.tools if name not in self.tools]
+        if missing:
+            raise ValueError(f"task {task.task_id!r} needs tools {missing} that this env lacks (has: {sorted(self.tools)})")
+        return [self.tools[name].spec for name in task.tools]
+
+    def prompt(self, task: Task) -> str:
+        return self.format.render_prompt(task, self.tool_specs(task))
+
+    def messages(self, task: Task) -> list[dict[str, str]]:
+        """The prompt as chat messages (system + user), for chat templates."""
+        return self.format.messages(task, self.tool_specs(task))
+
+    def stop_strings(self, task: Task) -> tuple[str, ...]:
+        return self.format.stop_strings(self.tool_specs(task))
+
+    # ---------------------------------------------------------------- episode
+
+    def reset(self, task: Task, *, seed: int | None = None) -> str:
+        """Start `task`. `seed` is accepted for the `Env` protocol; this env has no randomness of its own."""
+        self._specs = self.tool_specs(task)
+        prompt = self.format.render_prompt(task, self._specs)
+        self._state = EnvSnapshot(task=task, prompt=prompt, steps=(), context=prompt)
+        self._done = False
+        return prompt
+
+    def step(self, action: str) -> StepResult:
+        state = self._state
+        if state is None or self._done:
+            raise RuntimeError("no episode in progress: call reset() first" if state is None else "the episode is over: call reset()")
+        turn = len(state.steps) + 1
+        last_turn = turn >= self.max_turns
+        parsed = self.format.parse_turn(action, self._specs)
+        base = dict(turn=turn, text=action, thought=parsed.thought, action=parsed.action, call=parsed.call, trailing=parsed.trailing)
+        if parsed.call is not None and parsed.call.name == ANSWER:
+            answer = parsed.call.arguments["answer"]
+            reward = self._score(state.task, answer)
+            result = StepResult("", reward, True, False, StepInfo(**base, answer=answer))
+        elif last_turn:  # out of turns: the tool would run for an observation nobody reads
+            result = StepResult("", 0.0, False, True, StepInfo(**base, parse_error=parsed.error))
+        elif parsed.call is None:
+            text, cut = self._cut(f"error: {parsed.error}")
+            info = StepInfo(**base, parse_error=parsed.error, observation=text, observation_truncated=cut)
+            result = StepResult(self.format.render_observation(text), 0.0, False, False, info)
+        else:
+            outcome = run_tool(self.tools, parsed.call)
+            text, cut = self._cut(outcome.output)
+            info = StepInfo(
+                **base, tool_error=outcome.error_kind, observation=text, observation_truncated=cut, tool_seconds=outcome.seconds
+            )
+            result = StepResult(self.format.render_observation(text), 0.0, False, False, info)
+        self._state = EnvSnapshot(state.task, state.prompt, (*state.steps, result), state.context + action + result.observation)
+        self._done = result.done
+        return result
+
+    def restore(self, task: Task, actions: Sequence[str], *, seed: int | None = None) -> str:
+        """Replay `actions` from a fresh reset; returns the observation after the last one."""
+        observation = self.reset(task, seed=seed)
+        for index, action in enumerate(actions):
+            result = self.step(action)
+            if result.done:
+                raise ValueError(
+                    f"action {index + 1} of {len(actions)} ended the episode ({'answer' if result.terminated else 'turn limit'}); "
+                    "a prefix to restore must end before the episode does"
+                )
+            observation = result.observation
+        return observation
+
+    def snapshot(self) -> EnvSnapshot:
+        """The current episode state; `load_snapshot` returns to it without re-running tools."""
+        if self._state is None:
+            raise RuntimeError("no episode to snapshot: call reset() first")
+        return self._state
+
+    def load_snapshot(self, snapshot: EnvSnapshot) -> None:
+        self._specs = self.tool_specs(snapshot.task)
+        self._state = snapshot
+        self._done = bool(snapshot.steps) and snapshot.steps[-1].done
+
+    # ---------------------------------------------------------------- state
+
+    @property
+    def task(self) -> Task | None:
+        return None if self._state is None else self._state.task
+
+    @property
+    def steps(self) -> tuple[StepResult, ...]:
+        return () if self._state is None else self._state.steps
+
+    @property
+    def context(self) -> str:
+        """Prompt + every turn + every observation so far: the text the policy continues."""
+        return "" if self._state is None else self._state.context
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def _score(self, task: Task, answer: str) -> float:
+        reward = self.scorer(task, answer)
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward) or not 0.0 <= reward <= 1.0:
+            raise ValueError(f"scorer returned {reward!r} for task {task.task_id!r}; expected a float in [0, 1]")
+        return float(reward)
+
+    def _cut(self, text: str) -> tuple[str, bool]:
+        if len(text) <= self.max_observation_chars:
+            return text, False
+        kept = text[: self.max_observation_chars]
+        return kept + TRUNCATION_MARKER.format(n=len(text) - len(kept)), True
+
+
+def check_env(env: Env, task: Task, actions: Sequence[str], *, seed: int = 0) -> list[StepResult]:
+    """The `Env` contract, checked on one recorded episode; raises AssertionError naming the broken rule.
+
+    `actions` must end the episode. Checks: a replay gives identical steps; for every intermediate
+    prefix, `restore` returns the observation that followed it and continuing gives the unbroken
+    run's steps; stepping after the end raises RuntimeError. Returns the unbroken run's steps.
+    """
+    prompt = env.reset(task, seed=seed)
+    unbroken = [env.step(action) for action in actions]
+    ends_at_last = bool(unbroken) and unbroken[-1].done and not any(s.done for s in unbroken[:-1])
+    assert ends_at_last, "the actions must end the episode exactly at the last one"
+    try:
+        env.step(actions[-1])
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("step() after the end of the episode must raise RuntimeError")
+    env.reset(task, seed=seed)
+    assert [env.step(action) for action in actions] == unbroken, "replaying the same actions gave different steps"
+    for t in range(len(actions)):
+        observation = env.restore(task, actions[:t], seed=seed)
+        expected = unbroken[t - 1].observation if t else prompt
+        assert observation == expected, f"restore() after {t} actions returned a different observation"
+        continued = [env.step(action) for action in actions[t:]]
+        assert continued == unbroken[t:], f"continuing after restore() of {t} actions differs from the unbroken run"
+    return unbroken
+
+
+def default_scorer(task: Task, answer: str) -> float:
+    """Score with the function `task.scorer` names in `trace_rl.agent.scoring.SCORERS`."""
+    from trace_rl.agent.scoring import score
+
+    return float(score(task, answer))
+
+
+__all__ = ["Env", "EnvSnapshot", "Scorer", "StepInfo", "StepResult", "ToolEnv", "check_env", "default_scorer"]

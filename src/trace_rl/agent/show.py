@@ -1,0 +1,144 @@
+"""`trace-rl tasks`: list the registered tasksets, show rendered prompts and oracle rollouts.
+
+For each taskset it loads a sample of tasks, runs the scripted oracle and the random agent through
+the real env (parser, tools, scorer), and prints what the model would see. The last line of stdout
+is one JSON object with the headline figures: per taskset the oracle's and the random agent's
+success rates on the sample (the oracle should be 1.0, the random agent near 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from trace_rl.agent.agents import Episode, OracleAgent, RandomAgent, run_episode
+from trace_rl.agent.env import ToolEnv
+from trace_rl.agent.protocol import FORMATS
+from trace_rl.agent.types import TaskSet
+
+DEFAULT_TASKSETS = ("multihop", "toolmath")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `trace-rl tasks` (cli.py adds them to its subcommand)."""
+    parser.add_argument("names", nargs="*", help=f"tasksets to show (default: {', '.join(DEFAULT_TASKSETS)})")
+    parser.add_argument("--split", default="train", choices=["train", "test"])
+    parser.add_argument("--num-tasks", type=int, default=50, help="tasks per taskset to run the agents on")
+    parser.add_argument("--seed", type=int, default=0, help="taskset seed; the random agent uses seeds from here")
+    parser.add_argument("--format", default="tag", choices=sorted(FORMATS), help="ReAct turn format")
+    parser.add_argument("--max-turns", type=int, default=8)
+    parser.add_argument("--show", type=int, default=1, help="prompts and oracle rollouts to print per taskset")
+    parser.add_argument("--random-seeds", type=int, default=2, help="random-agent episodes per task")
+    parser.add_argument("--json", action="store_true", help="print only the JSON line")
+
+
+def _parse(argv: argparse.Namespace | Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="trace-rl tasks", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    if isinstance(argv, argparse.Namespace):  # from cli.py: fill in whatever it did not define
+        defaults = vars(parser.parse_args([]))
+        return argparse.Namespace(**{**defaults, **{k: v for k, v in vars(argv).items() if k in defaults}})
+    return parser.parse_args(list(argv) if argv is not None else None)
+
+
+def evaluate_taskset(
+    taskset: TaskSet,
+    *,
+    turn_format: str = "tag",
+    max_turns: int = 8,
+    random_seeds: int = 2,
+    seed: int = 0,
+) -> tuple[dict[str, Any], list[Episode]]:
+    """Oracle and random-agent success on every task of `taskset`; returns the figures and the oracle episodes."""
+    env = ToolEnv.for_taskset(taskset, turn_format=turn_format, max_turns=max_turns)
+    start = time.perf_counter()
+    oracle_episodes: list[Episode] = []
+    if taskset.oracle is not None:
+        oracle = OracleAgent(taskset.oracle, env.format)
+        oracle_episodes = [run_episode(env, task, oracle, seed=seed) for task in taskset.tasks]
+    agent = RandomAgent.for_corpus(env.format, taskset.corpus)
+    random_rewards = [
+        run_episode(env, task, agent, seed=seed + i * random_seeds + j).reward
+        for i, task in enumerate(taskset.tasks)
+        for j in range(random_seeds)
+    ]
+    figures = {
+        "sampled": len(taskset.tasks),
+        "passages": len(taskset.corpus),
+        "tools": sorted({name for task in taskset.tasks for name in task.tools}),
+        "oracle_success": _mean([e.reward for e in oracle_episodes]) if oracle_episodes else None,
+        "oracle_turns": _mean([e.num_turns for e in oracle_episodes]) if oracle_episodes else None,
+        "random_success": _mean(random_rewards),
+        "seconds": round(time.perf_counter() - start, 3),
+    }
+    return figures, oracle_episodes
+
+
+def _mean(values: Sequence[float]) -> float:
+    return round(float(np.mean(values)), 4) if len(values) else 0.0
+
+
+def tasks_command(argv: argparse.Namespace | Sequence[str] | None = None) -> int:
+    """Body of `trace-rl tasks`; accepts cli.py's Namespace or a list of arguments."""
+    from rich.console import Console
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
+    from trace_rl.agent.tasks import available_tasksets, load_taskset
+
+    args = _parse(argv)
+    console = Console(quiet=args.json, soft_wrap=False)
+    names = args.names or list(DEFAULT_TASKSETS)
+    console.print(Text(f"registered tasksets: {', '.join(available_tasksets())}"))
+    summary: dict[str, Any] = {}
+    table = Table(
+        title=f"tasksets: {args.split} split, format {args.format!r}",
+        caption=(
+            f"oracle / random: success rate of the scripted oracle / the random agent on the first {args.num_tasks} "
+            "tasks; turns: the oracle's mean"
+        ),
+    )
+    for column in ("taskset", "tasks", "passages", "tools", "oracle", "turns", "random"):
+        table.add_column(column)
+    for name in names:
+        full = load_taskset(name, split=args.split, seed=args.seed)
+        sample = dataclasses.replace(full, tasks=full.tasks[: args.num_tasks])
+        figures, episodes = evaluate_taskset(
+            sample, turn_format=args.format, max_turns=args.max_turns, random_seeds=args.random_seeds, seed=args.seed
+        )
+        summary[name] = {"tasks": len(full.tasks), **figures}
+        table.add_row(
+            name,
+            str(len(full.tasks)),
+            str(figures["passages"]),
+            ", ".join(figures["tools"]) or "-",
+            "-" if figures["oracle_success"] is None else f"{figures['oracle_success']:.1%}",
+            "-" if figures["oracle_turns"] is None else f"{figures['oracle_turns']:.2f}",
+            f"{figures['random_success']:.1%}",
+        )
+        for episode in episodes[: args.show]:
+            title = f"{name} / {episode.task.task_id}: reward {episode.reward:g} in {episode.num_turns} turns"
+            console.print(Panel(Text(episode.context), title=title, subtitle=f"gold: {episode.task.answers[0]!r}"))
+    console.print(table)
+    print(
+        json.dumps(
+            {
+                "command": "tasks",
+                "registered": available_tasksets(),
+                "split": args.split,
+                "num_tasks": args.num_tasks,
+                "seed": args.seed,
+                "format": args.format,
+                "max_turns": args.max_turns,
+                "tasksets": summary,
+            }
+        )
+    )
+    return 0

@@ -1,0 +1,161 @@
+"""Safe arithmetic for the agent: the expression is parsed with `ast` and walked; nothing is `eval`ed.
+
+Allowed: int and float literals, + - * / // % **, unary + and -, parentheses, the constants pi and e,
+and the functions abs, round, min, max, sqrt, floor, ceil, log, exp. Everything else (names,
+attributes, calls of anything else, strings, comparisons, ...) is refused with a message saying what.
+Limits keep one call cheap: expression length, exponent size, result magnitude.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from collections.abc import Callable
+
+from trace_rl.agent.tools import Tool, ToolInputError
+
+MAX_EXPRESSION_CHARS = 500
+MAX_EXPONENT = 1000
+MAX_RESULT_DIGITS = 100
+"""Integer results above 10**MAX_RESULT_DIGITS are refused (floats: above the float range)."""
+_MAX_INT = 10**MAX_RESULT_DIGITS
+
+_BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
+_FUNCTIONS: dict[str, Callable[..., float]] = {
+    "abs": abs,
+    "round": round,
+    "min": min,
+    "max": max,
+    "sqrt": math.sqrt,
+    "floor": math.floor,
+    "ceil": math.ceil,
+    "log": math.log,
+    "exp": math.exp,
+}
+_CONSTANTS = {"pi": math.pi, "e": math.e}
+_SYMBOLS = {ast.BitXor: "^ (use ** for powers)", ast.BitAnd: "&", ast.BitOr: "|", ast.LShift: "<<", ast.RShift: ">>", ast.MatMult: "@"}
+
+
+def calculate(expression: str) -> str:
+    """Evaluate an arithmetic expression, e.g. (3 + 4) * 2 / 7 or sqrt(2) ** 2.
+
+    Supports + - * / // % ** and parentheses, the constants pi and e, and the functions abs, round,
+    min, max, sqrt, floor, ceil, log, exp.
+    """
+    text = expression.strip()
+    if not text:
+        raise ToolInputError("empty expression")
+    if len(text) > MAX_EXPRESSION_CHARS:
+        raise ToolInputError(f"expression too long ({len(text)} characters; at most {MAX_EXPRESSION_CHARS})")
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError as exc:
+        raise ToolInputError(f"not a valid expression: {exc.msg}") from None
+    except (ValueError, RecursionError, MemoryError):
+        raise ToolInputError("not a valid expression") from None
+    return format_number(_eval(tree.body))
+
+
+def format_number(value: float) -> str:
+    """Integers as integers; floats with 12 significant digits (0.1 + 0.2 -> 0.3), integral ones without '.0'."""
+    if isinstance(value, int):
+        return str(value)
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return format(value, ".12g")
+
+
+def _eval(node: ast.AST) -> float:
+    if isinstance(node, ast.Constant):
+        if isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
+            raise ToolInputError(f"only numbers are allowed, got {node.value!r}")
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _eval(node.operand)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp):
+        left, right = _eval(node.left), _eval(node.right)
+        if isinstance(node.op, ast.Pow):
+            return _check(_power(left, right))
+        op = _BINARY.get(type(node.op))
+        if op is None:
+            raise ToolInputError(f"operator {_SYMBOLS.get(type(node.op), type(node.op).__name__)} is not supported")
+        try:
+            return _check(op(left, right))
+        except ZeroDivisionError:
+            raise ToolInputError("division by zero") from None
+        except OverflowError:
+            raise ToolInputError("result too large") from None
+    if isinstance(node, ast.Name):
+        if node.id in _CONSTANTS:
+            return _CONSTANTS[node.id]
+        raise ToolInputError(f"unknown name {node.id!r} (known constants: pi, e)")
+    if isinstance(node, ast.Call):
+        return _call(node)
+    if isinstance(node, ast.Tuple):
+        raise ToolInputError("a tuple is not a number; write numbers without thousands separators (1000, not 1,000)")
+    if isinstance(node, ast.Attribute):
+        raise ToolInputError("attribute access is not allowed")
+    raise ToolInputError(f"{type(node).__name__} is not allowed in an arithmetic expression")
+
+
+def _call(node: ast.Call) -> float:
+    if isinstance(node.func, ast.Attribute):
+        raise ToolInputError("attribute access is not allowed")
+    if not isinstance(node.func, ast.Name) or node.func.id not in _FUNCTIONS:
+        what = repr(node.func.id) if isinstance(node.func, ast.Name) else "the result of an expression"
+        raise ToolInputError(f"cannot call {what}; functions: {', '.join(_FUNCTIONS)}")
+    if node.keywords:
+        raise ToolInputError(f"{node.func.id}() takes no keyword arguments")
+    args = [_eval(arg) for arg in node.args]
+    try:
+        return _check(_FUNCTIONS[node.func.id](*args))
+    except TypeError as exc:
+        raise ToolInputError(f"{node.func.id}(): {exc}") from None
+    except ValueError:
+        raise ToolInputError(f"{node.func.id}() is undefined for {', '.join(map(format_number, args))}") from None
+    except OverflowError:
+        raise ToolInputError("result too large") from None
+
+
+def _power(base: float, exponent: float) -> float:
+    if abs(exponent) > MAX_EXPONENT:
+        raise ToolInputError(f"exponent {format_number(exponent)} too large (at most {MAX_EXPONENT} in size)")
+    # For ints, 2**b <= |base| with b = bit_length - 1, so the result is at least 2**(b * exponent):
+    # refuse before computing a number with far more than MAX_RESULT_DIGITS digits.
+    whole = isinstance(base, int) and isinstance(exponent, int) and exponent > 0
+    if whole and (abs(base).bit_length() - 1) * exponent > MAX_RESULT_DIGITS * 3.33:
+        raise ToolInputError(f"result too large (more than {MAX_RESULT_DIGITS} digits)")
+    try:
+        result = base**exponent
+    except ZeroDivisionError:
+        raise ToolInputError("zero cannot be raised to a negative power") from None
+    except OverflowError:
+        raise ToolInputError("result too large") from None
+    if isinstance(result, complex):
+        raise ToolInputError("the result is not a real number")
+    return result
+
+
+def _check(value: float) -> float:
+    if isinstance(value, int) and abs(value) > _MAX_INT:
+        raise ToolInputError(f"result too large (more than {MAX_RESULT_DIGITS} digits)")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ToolInputError("result too large" if math.isinf(value) else "the result is not a number")
+    return value
+
+
+def calculator_tool() -> Tool:
+    return Tool.from_function(
+        calculate,
+        name="calculator",
+        params={"expression": "an arithmetic expression, e.g. (3 + 4) * 2"},
+    )
