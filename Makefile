@@ -1,5 +1,7 @@
 # Quick start: `make demo` runs the main job, `make test` runs the tests. Each builds .venv itself.
 PY      ?= python3
+# The CPU build; on a GPU machine use e.g. `make test TORCH=torch` (or a CUDA wheel spec).
+TORCH   ?= torch==2.13.0
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
@@ -9,7 +11,8 @@ STAMP   := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[agent,data,dev]'
+	$(BIN)/pip install --quiet '$(TORCH)'
+	$(BIN)/pip install --quiet -e '.[agent,models,data,report,dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)

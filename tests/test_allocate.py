@@ -322,3 +322,10 @@ def test_random_prefixes_is_reproducible_with_a_seeded_rng() -> None:
 def test_random_prefixes_needs_a_generator() -> None:
     with pytest.raises(ValueError, match="rng must be a numpy.random.Generator"):
         random_prefixes(10, 5, rng=0)
+
+
+@pytest.mark.parametrize(("prompts", "budget"), [(4, 8), (8, 16), (5, 13), (64, 128), (4096, 8192)])
+def test_allocate_roots_with_no_information_falls_back_to_the_uniform_split(prompts, budget):
+    # v = 1/2 everywhere (an untrained predictor): several allocations tie, and ties go to coverage
+    allocation = allocate_roots(np.full(prompts, 0.5), budget)
+    assert np.array_equal(np.sort(allocation)[::-1], np.sort(uniform_roots(prompts, budget))[::-1])

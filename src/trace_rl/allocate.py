@@ -31,8 +31,9 @@ Why the solvers are exact (w = min(v, 1 - v); f(m) = root_value(v, m); L, U = mi
 
 Every marginal gain is handled as its logarithm (a "key"), so gains far below 1e-308 still order
 correctly. Ties are broken deterministically: Stage 2 gives equal gains to the lower index first;
-Stage 1 activates prompts closer to 1/2 first, then the lower index, and fills equal gains in that
-same order. Objectives are compared with a relative tolerance of 1e-13 (floating-point noise), so
+Stage 1 prefers more active prompts among equally good allocations (so v = 1/2 everywhere gives
+the uniform split), activates prompts closer to 1/2 first, then the lower index, and fills equal
+gains in that same order. Objectives are compared with a relative tolerance of 1e-13 (floating-point noise), so
 "exact" means optimal up to that.
 """
 
@@ -533,14 +534,19 @@ def allocate_roots(
     bound = upper_bounds(t, np.maximum(lp - low, 0))
     best_value, best_size, best_fill = -np.inf, 0, np.zeros(0, dtype=np.int64)
     while True:
-        k = int(np.argmax(bound))
-        if bound[k] <= best_value + _REL_TOL * max(1.0, best_value):
+        # Sizes that could beat the best, or tie it with more prompts: ties go to coverage, so a
+        # predictor that knows nothing (v = 1/2 everywhere) gives the uniform split.
+        slack = _REL_TOL * max(1.0, best_value) if best_value > -np.inf else 0.0
+        open_ = (bound > best_value + slack) | ((bound >= best_value - slack) & (sizes > best_size))
+        if not open_.any():
             break
+        top = bound[open_].max()
+        k = int(np.flatnonzero(open_ & (bound >= top - _REL_TOL * max(1.0, abs(top))))[-1])  # the largest size
         size = int(sizes[k])
         head = increments.head(size)
         fill = _take_top(head, budget - size * low, t_guess=t)
         value = float(root_value(w[:size], low + fill).sum())
-        if value > best_value:
+        if value > best_value + slack or (value >= best_value - slack and size > best_size):
             best_value, best_size, best_fill = value, size, fill
         t = _largest_untaken_key(head, fill)
         rest = increments.finite[size:] if t == -np.inf else increments.tail(size).count_above(t)

@@ -13,6 +13,7 @@ import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import yaml
@@ -147,3 +148,57 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"{key} must be a string, got {value!r}")
         return value
     raise ConfigError(f"{key}: unsupported field type {hint!r}")
+
+
+# ---------------------------------------------------------------- the run config
+# Sections that belong to one component are declared beside it (RolloutConfig in rollout.py,
+# SFTConfig in train/sft.py); the run-level ones are here.
+
+
+@dataclass
+class ModelConfig:
+    """Which policy, where it runs, and how it generates."""
+
+    name: str = "tiny"
+    """`tiny`, `smollm2-135m`, a local Hugging Face model folder, or a hub id (needs the network)."""
+    warm_start: bool = True
+    """Fine-tune on scripted demonstrations first (cached by config hash); see `sft`."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "cpu"
+    engine: Literal["hf", "openai"] = "hf"
+    """`hf`: transformers in this process; `openai`: a vLLM / SGLang server at `server_urls`."""
+    server_urls: list[str] = field(default_factory=list)
+    max_batch_size: int = 64
+    """Sequences the `hf` engine decodes together."""
+
+
+@dataclass
+class TaskConfig:
+    """The task set and the env the agent acts in."""
+
+    name: str = "multihop"
+    """A name `trace_rl.agent.tasks.load_taskset` accepts (`multihop`, `toolmath`, `rg:<dataset>`, ...)."""
+    train_tasks: int | None = None
+    """Train tasks kept (None: all)."""
+    test_tasks: int | None = 128
+    """Held-out tasks for evaluation (None: all)."""
+    format: Literal["tag", "json"] = "tag"
+    max_turns: int = 5
+    topk: int = 3
+    """Passages per search."""
+    max_observation_chars: int = 1500
+    search_url: str | None = None
+    """A Search-R1 / verl retrieval server instead of the local BM25 index."""
+    seed: int = 0
+    """Seed of the generated task world (independent of the run seed)."""
+
+
+@dataclass
+class PredictorConfig:
+    """The shared success predictor Ṽψ (allocation only; never in the policy gradient)."""
+
+    num_features: int = 2**18
+    max_ngram: int = 2
+    learning_rate: float = 0.2
+    l2: float = 1e-4
+    epochs: int = 2

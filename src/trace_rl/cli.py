@@ -1,0 +1,156 @@
+"""`trace-rl` command line. Each command prints its headline figures as one JSON object on its last line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from trace_rl.config import ConfigError
+
+
+def _bench(args: argparse.Namespace) -> int:
+    if args.what == "allocation":
+        from trace_rl.bench import run_benchmark, summary_table
+
+        result = run_benchmark(seeds=args.seeds, batches=args.batches)
+        if not args.json:
+            summary_table(result)
+        print(json.dumps(result))
+        return 0
+    raise AssertionError(args.what)  # argparse restricts the choices
+
+
+def _tasks(args: argparse.Namespace) -> int:
+    from trace_rl.agent.show import tasks_command
+
+    return tasks_command(args)
+
+
+def _rollout(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from trace_rl.config import load_config
+    from trace_rl.run import RunConfig, build_parts
+    from trace_rl.tree import write_jsonl
+
+    config = load_config(RunConfig, args.config, args.overrides)
+    parts = build_parts(config)
+    rng = np.random.default_rng(config.seed)
+    count = min(config.prompts_per_step, len(parts.train.tasks))
+    tasks = [parts.train.tasks[int(i)] for i in rng.choice(len(parts.train.tasks), size=count, replace=False)]
+    batch = parts.collector.collect(tasks)
+    write_jsonl(batch.trees, args.out)
+    metrics = batch.metrics()
+    print(json.dumps({"budget": config.rollout.budget, "leaves": int(metrics["rollout/leaves"]), "out": str(args.out), **metrics}))
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from trace_rl.config import load_config
+    from trace_rl.progress import progress_bar
+    from trace_rl.run import RunConfig, headline, train_run
+
+    if args.resume:
+        run_dir = Path(args.resume)
+        config = load_config(RunConfig, run_dir / "config.yaml", args.overrides)
+    elif args.config and args.out:
+        run_dir = Path(args.out)
+        config = load_config(RunConfig, args.config, args.overrides)
+    else:
+        raise ConfigError("give --config FILE --out RUN_DIR, or --resume RUN_DIR")
+    with progress_bar() as bar:
+        trainer = train_run(config, run_dir, resume=bool(args.resume), bar=bar)
+    final = _last_metrics(run_dir)
+    print(json.dumps({"run_dir": str(run_dir), "steps": trainer.step, **headline(final)}))
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from trace_rl.config import load_config
+    from trace_rl.progress import progress_bar
+    from trace_rl.run import train_run
+    from trace_rl.train.compare import CompareConfig, run_compare, summary_table
+
+    config = load_config(CompareConfig, args.config, args.overrides)
+
+    def train_one(run, run_dir):  # a run cut short earlier continues from its checkpoint
+        train_run(run, run_dir, resume=(run_dir / "checkpoints" / "latest").exists(), bar=bar)
+
+    with progress_bar() as bar:
+        summary = run_compare(config, args.out, train_one)
+    print(summary_table(summary), file=sys.stderr)
+    print(json.dumps({"out": str(args.out), "methods": summary["methods"]}))
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from trace_rl.report import report_command
+
+    return report_command(args.run_dir)
+
+
+def _last_metrics(run_dir) -> dict:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    merged: dict = {}
+    for line in lines:  # evaluation figures may sit on an earlier line than the last step's
+        merged.update(json.loads(line))
+    return merged
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="trace-rl", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    bench = commands.add_parser("bench", help="run a built-in benchmark")
+    bench.add_argument("what", choices=["allocation"], help="allocation: the latent-tree simulator benchmark")
+    bench.add_argument("--json", action="store_true", help="print only the JSON result")
+    bench.add_argument("--seeds", type=int, default=None, help="number of seeds (default: the benchmark's)")
+    bench.add_argument("--batches", type=int, default=None, help="batches per seed (default: the benchmark's)")
+    bench.set_defaults(func=_bench)
+
+    rollout = commands.add_parser("rollout", help="sample one batch of rollout trees and write them as JSONL")
+    rollout.add_argument("--config", required=True, help="YAML run config (see configs/)")
+    rollout.add_argument("--out", required=True, help="where to write the trees (JSONL, one tree a line)")
+    rollout.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. rollout.budget=64")
+    rollout.set_defaults(func=_rollout)
+
+    train = commands.add_parser("train", help="train a policy (warm start, then RL with the configured method)")
+    train.add_argument("--config", help="YAML run config (see configs/)")
+    train.add_argument("--out", help="run folder to create")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint")
+    train.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.steps=10")
+    train.set_defaults(func=_train)
+
+    compare = commands.add_parser("compare", help="train several methods at the same seeds, budget and steps")
+    compare.add_argument("--config", required=True, help="YAML compare config (see configs/compare.yaml)")
+    compare.add_argument("--out", required=True, help="folder for the runs and summary.json")
+    compare.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. run.train.steps=5")
+    compare.set_defaults(func=_compare)
+
+    report = commands.add_parser("report", help="write RUN_DIR/report.html: tables, plots, rollout tree viewer")
+    report.add_argument("run_dir", help="a run folder (train) or a comparison folder (compare)")
+    report.set_defaults(func=_report)
+
+    from trace_rl.agent.show import add_arguments
+
+    tasks = commands.add_parser("tasks", help="list bundled tasks with rendered prompts and oracle rollouts")
+    add_arguments(tasks)
+    tasks.set_defaults(func=_tasks)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ConfigError, FileExistsError, FileNotFoundError) as exc:  # bad input: say what, no traceback
+        print(f"trace-rl {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,354 @@
+"""Training curves as PNG files: one line per method, the mean over its seeds with a min–max band.
+
+Input is one or more run folders (`metrics.jsonl`, one JSON object a line with `step`). Lines that
+share a step are merged, later lines winning, so a resumed run or a separate eval line for the same
+step reads as one row. A key a run never logged (an older version, a method without a predictor) is
+simply absent from the figures; a figure with no data at all is not written.
+
+Drawing uses matplotlib's object API on a bare `Figure` (no pyplot, no backend switch), so it works
+headless and never changes the caller's matplotlib state. matplotlib is the `report` extra.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+METHOD_ORDER = ("grpo", "prompt_only", "random_tree", "dapo", "trace_stage1", "trace_stage2", "trace")
+"""DESIGN.md's method names; they keep one colour each across every figure and table."""
+
+ROLLOUTS_KEY = "rollout/rollouts_total"
+"""Cumulative rollouts (leaves) so far: the x axis of accuracy-per-budget curves."""
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    """One run folder's `metrics.jsonl`, merged by step, numeric values only."""
+
+    path: Path
+    method: str
+    rows: dict[int, dict[str, float]]
+    """step -> {key: finite value}; steps ascending."""
+
+    def keys(self) -> set[str]:
+        return {key for row in self.rows.values() for key in row}
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One PNG: some metric keys of every method against steps or cumulative rollouts."""
+
+    name: str
+    """File stem: `<name>.png`."""
+    title: str
+    keys: tuple[tuple[str, str], ...]
+    """(metric key, legend label); each key gets its own line style."""
+    ylabel: str
+    x: Literal["step", "rollouts"] = "step"
+    unit_range: bool = False
+    """Fix the y axis to [0, 1] (shares and accuracies)."""
+
+
+PANELS: tuple[Panel, ...] = (
+    Panel("reward", "Training reward (mean leaf reward)", (("critic/score/mean", "reward"),), "mean reward"),
+    Panel(
+        "accuracy",
+        "Held-out accuracy",
+        (("val/accuracy_greedy", "greedy"), ("val/accuracy_sampled", "sampled")),
+        "accuracy",
+        unit_range=True,
+    ),
+    Panel(
+        "accuracy_vs_rollouts",
+        "Held-out accuracy per rollout spent",
+        (("val/accuracy_greedy", "greedy"), ("val/accuracy_sampled", "sampled")),
+        "accuracy",
+        x="rollouts",
+        unit_range=True,
+    ),
+    Panel(
+        "effective_ratio",
+        "Effective ratio (prompts with mixed outcomes)",
+        (("tree/effective_ratio", "effective ratio"),),
+        "share of prompts",
+        unit_range=True,
+    ),
+    Panel(
+        "mixed_budget_share",
+        "Budget in mixed-outcome trees",
+        (("tree/mixed_budget_share", "mixed budget share"),),
+        "share of rollouts",
+        unit_range=True,
+    ),
+    Panel(
+        "calibration",
+        "Success predictor calibration (lower is better)",
+        (("predictor/brier", "Brier"), ("predictor/ece", "ECE")),
+        "error",
+    ),
+)
+
+_LINESTYLES = ("-", "--", ":", "-.")
+_STEP_FILE = re.compile(r"step_(\d+)\.jsonl$")
+
+
+# ---------------------------------------------------------------- reading run folders
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The JSON objects of a `metrics.jsonl`, in file order.
+
+    A last line cut short (a run killed mid-write) is dropped; any other line that is not a JSON
+    object raises ValueError naming the file and line.
+    """
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number == len(lines):
+                break
+            raise ValueError(f"{path}:{number}: not JSON: {exc}") from exc
+        if not isinstance(record, dict) or "step" not in record:
+            raise ValueError(f"{path}:{number}: expected a JSON object with a 'step' key")
+        records.append(record)
+    return records
+
+
+def load_run(run_dir: str | Path, method: str | None = None) -> RunMetrics:
+    """Read a run folder's metrics. `method` defaults to the `method` the trainer logged, else the folder name."""
+    run_dir = Path(run_dir)
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a run folder: {path} is missing")
+    rows: dict[int, dict[str, float]] = {}
+    logged_method = None
+    for record in read_metrics(path):
+        step = int(record["step"])
+        row = rows.setdefault(step, {})
+        for key, value in record.items():
+            if key == "method" and isinstance(value, str):
+                logged_method = value
+            elif key != "step" and _is_number(value):
+                row[key] = float(value)
+    return RunMetrics(path=run_dir, method=method or logged_method or run_dir.name, rows=dict(sorted(rows.items())))
+
+
+def find_runs(path: str | Path) -> dict[str, list[Path]]:
+    """Run folders by method: a run folder itself, or a comparison folder `DIR/<method>/seed_<k>/`.
+
+    Methods come in DESIGN.md's order, then any others alphabetically; seeds in numeric order.
+    Raises FileNotFoundError when `path` holds no run folder.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is not a folder")
+    if (path / "metrics.jsonl").is_file():
+        return {load_run(path).method: [path]}
+    found: dict[str, list[Path]] = {}
+    for method_dir in sorted(p for p in path.iterdir() if p.is_dir()):
+        if (method_dir / "metrics.jsonl").is_file():  # DIR/<method>/ with a single run
+            found[method_dir.name] = [method_dir]
+            continue
+        seeds = [p for p in method_dir.iterdir() if p.is_dir() and (p / "metrics.jsonl").is_file()]
+        if seeds:
+            found[method_dir.name] = sorted(seeds, key=_seed_order)
+    if not found:
+        raise FileNotFoundError(
+            f"{path} holds no run: expected {path}/metrics.jsonl or {path}/<method>/seed_<k>/metrics.jsonl"
+        )
+    return {name: found[name] for name in sorted(found, key=method_sort_key)}
+
+
+def method_sort_key(name: str) -> tuple[int, str]:
+    return (METHOD_ORDER.index(name), "") if name in METHOD_ORDER else (len(METHOD_ORDER), name)
+
+
+def method_colors(names: Sequence[str]) -> dict[str, str]:
+    """A fixed colour per known method (so `trace` looks the same in every figure); others follow."""
+    palette = [
+        "#7f7f7f",  # grpo: the baseline in grey
+        "#1f77b4",
+        "#ff7f0e",
+        "#8c564b",
+        "#9467bd",
+        "#17becf",
+        "#d62728",  # trace: red, drawn last
+        "#2ca02c",
+        "#e377c2",
+        "#bcbd22",
+    ]
+    colors, extra = {}, len(METHOD_ORDER)
+    for name in names:
+        if name in METHOD_ORDER:
+            colors[name] = palette[METHOD_ORDER.index(name)]
+        else:
+            colors[name] = palette[extra % len(palette)]
+            extra += 1
+    return colors
+
+
+def step_files(run_dir: str | Path) -> dict[int, Path]:
+    """A run's `trees/step_XXXX.jsonl` files by step, ascending."""
+    folder = Path(run_dir) / "trees"
+    files = {}
+    if folder.is_dir():
+        for path in folder.iterdir():
+            match = _STEP_FILE.search(path.name)
+            if match and path.is_file():
+                files[int(match.group(1))] = path
+    return dict(sorted(files.items()))
+
+
+# ---------------------------------------------------------------- aggregation over seeds
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One method's curve for one key: the mean over runs, with the min and max, at each x."""
+
+    x: np.ndarray  # (T,)
+    mean: np.ndarray  # (T,)
+    low: np.ndarray  # (T,)
+    high: np.ndarray  # (T,)
+    runs: int
+    """Runs that logged this key at least once."""
+
+
+def curve(runs: Sequence[RunMetrics], key: str, x: Literal["step", "rollouts"] = "step") -> Curve | None:
+    """Aggregate `key` over runs, aligned on step; None when no run logged it.
+
+    With `x="rollouts"` each point's x is the runs' mean cumulative rollouts at that step, carried
+    forward from the last step that logged it (eval lines need not repeat it; before any, 0). Runs
+    without that counter are left out of such a curve.
+    """
+    per_step: dict[int, list[tuple[float, float]]] = {}
+    used = 0
+    for run in runs:
+        if x == "rollouts" and ROLLOUTS_KEY not in run.keys():
+            continue
+        spent, logged = 0.0, False
+        for step, row in run.rows.items():
+            spent = row.get(ROLLOUTS_KEY, spent)
+            if key in row:
+                per_step.setdefault(step, []).append((spent if x == "rollouts" else float(step), row[key]))
+                logged = True
+        used += logged
+    if not per_step:
+        return None
+    steps = sorted(per_step)
+    xs = np.array([np.mean([p[0] for p in per_step[s]]) for s in steps])
+    ys = [np.array([p[1] for p in per_step[s]]) for s in steps]
+    return Curve(
+        x=xs,
+        mean=np.array([v.mean() for v in ys]),
+        low=np.array([v.min() for v in ys]),
+        high=np.array([v.max() for v in ys]),
+        runs=used,
+    )
+
+
+# ---------------------------------------------------------------- drawing
+
+
+def plot_runs(run_dirs_by_method: Mapping[str, Sequence[str | Path]], out_dir: str | Path) -> list[Path]:
+    """Write one PNG per panel in `PANELS` that has data; returns the files written, in panel order.
+
+    `run_dirs_by_method` maps a method name to its run folders (its seeds). Figures show each
+    method's mean over seeds, with a shaded min–max band when it has two or more seeds.
+    """
+    runs = {method: [load_run(path, method) for path in paths] for method, paths in run_dirs_by_method.items()}
+    return plot_metrics(runs, out_dir)
+
+
+def plot_metrics(runs: Mapping[str, Sequence[RunMetrics]], out_dir: str | Path) -> list[Path]:
+    """`plot_runs` for metrics already loaded with `load_run`."""
+    runs = {method: list(method_runs) for method, method_runs in runs.items() if method_runs}
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    colors = method_colors(list(runs))
+    written = []
+    for panel in PANELS:
+        curves = {
+            (method, key): c
+            for method, method_runs in runs.items()
+            for key, _ in panel.keys
+            if (c := curve(method_runs, key, panel.x)) is not None
+        }
+        if curves:
+            written.append(_draw(panel, curves, colors, out_dir / f"{panel.name}.png"))
+    return written
+
+
+def plot_path(path: str | Path, out_dir: str | Path) -> list[Path]:
+    """`plot_runs` for a run folder or a comparison folder (see `find_runs`)."""
+    return plot_runs(find_runs(path), out_dir)
+
+
+def _draw(panel: Panel, curves: dict[tuple[str, str], Curve], colors: dict[str, str], path: Path) -> Path:
+    Figure, Line2D, MaxNLocator = _matplotlib()
+    fig = Figure(figsize=(7.6, 3.8), dpi=110)
+    fig.subplots_adjust(
+        left=0.09, right=0.76, bottom=0.13, top=0.85
+    )  # fixed margins: a layout engine doubles the draw time
+    ax = fig.add_subplot()
+    styles = {key: _LINESTYLES[i % len(_LINESTYLES)] for i, (key, _) in enumerate(panel.keys)}
+    max_seeds = max(c.runs for c in curves.values())
+    for (method, key), c in curves.items():
+        color = colors[method]
+        marker = "o" if len(c.x) <= 40 else None
+        ax.plot(c.x, c.mean, linestyle=styles[key], color=color, marker=marker, markersize=3.5, linewidth=1.8)
+        if c.runs >= 2 and len(c.x) > 1:
+            ax.fill_between(c.x, c.low, c.high, color=color, alpha=0.15, linewidth=0)
+        elif c.runs >= 2:
+            ax.errorbar(c.x, c.mean, yerr=[c.mean - c.low, c.high - c.mean], color=color, capsize=3, linewidth=1)
+    methods = list(dict.fromkeys(method for method, _ in curves))
+    handles = [Line2D([], [], color=colors[m], linewidth=2, label=m) for m in methods]
+    used_keys = [(key, label) for key, label in panel.keys if any(k == key for _, k in curves)]
+    if len(used_keys) > 1:
+        handles += [Line2D([], [], color="black", linestyle=styles[k], label=label) for k, label in used_keys]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    title = panel.title
+    if max_seeds > 1:
+        title += f"\nmean over seeds (up to {max_seeds}), band: min–max"
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("training step" if panel.x == "step" else "rollouts spent (cumulative)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel(panel.ylabel)
+    if panel.unit_range:
+        ax.set_ylim(-0.03, 1.03)
+    ax.grid(True, alpha=0.3)
+    fig.savefig(path, format="png")
+    return path
+
+
+def _matplotlib() -> tuple[Any, Any, Any]:
+    try:
+        from matplotlib.figure import Figure
+        from matplotlib.lines import Line2D
+        from matplotlib.ticker import MaxNLocator
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(
+            "trace-rl report plots need matplotlib: pip install 'trace-rl[report]' (or pip install matplotlib)"
+        ) from exc
+    return Figure, Line2D, MaxNLocator
+
+
+def _seed_order(path: Path) -> tuple[int, str]:
+    match = re.search(r"(\d+)$", path.name)
+    return (int(match.group(1)) if match else 1 << 30, path.name)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,148 @@
+"""A run's full config, the parts built from it (tasks, env, policy, engine, predictor, collector),
+and `train_run`, which trains one run folder.
+
+Commands (`rollout`, `train`, `compare`) call `build_parts(config)` so that every run is assembled
+the same way from one typed config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trace_rl.agent.env import ToolEnv
+from trace_rl.agent.scoring import score
+from trace_rl.agent.tasks import load_taskset
+from trace_rl.agent.types import TaskSet
+from trace_rl.config import ModelConfig, PredictorConfig, TaskConfig, dump_yaml
+from trace_rl.predictor.base import SuccessPredictor
+from trace_rl.predictor.hashed import HashedNgramPredictor
+from trace_rl.predictor.history import PromptHistoryPredictor
+from trace_rl.rollout import RolloutConfig, TreeRolloutCollector
+from trace_rl.train.sft import SFTConfig
+from trace_rl.train.trainer import TrainConfig, Trainer
+
+
+@dataclass
+class RunConfig:
+    """Everything a run depends on; saved as `config.yaml` in the run folder."""
+
+    seed: int = 0
+    """Seeds the policy init, sampling, allocation baselines and the predictor."""
+    prompts_per_step: int = 16
+    """Candidate prompts drawn per batch (Stage 1 may give some of them no rollouts)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """`rollout.method` is the run's method: grpo | prompt_only | random_tree | dapo | trace_stage1 | trace_stage2 | trace."""
+    predictor: PredictorConfig = field(default_factory=PredictorConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        if self.prompts_per_step < 1:
+            raise ValueError(f"prompts_per_step must be >= 1, got {self.prompts_per_step}")
+
+
+@dataclass
+class Parts:
+    train: TaskSet
+    test: TaskSet
+    env: ToolEnv
+    policy: Any  # trace_rl.models.Policy
+    engine: Any  # trace_rl.engine.Engine
+    predictor: SuccessPredictor
+    collector: TreeRolloutCollector
+
+
+def build_env(config: RunConfig, taskset: TaskSet) -> ToolEnv:
+    task = config.task
+    return ToolEnv.for_taskset(
+        taskset,
+        turn_format=task.format,
+        scorer=score,
+        max_turns=task.max_turns,
+        max_observation_chars=task.max_observation_chars,
+        search_url=task.search_url,
+        topk=task.topk,
+    )
+
+
+def build_predictor(config: RunConfig) -> SuccessPredictor:
+    """`prompt_only` learns each prompt's own success rate (Knapsack-RL style); the rest share Ṽψ."""
+    if config.rollout.method == "prompt_only":
+        return PromptHistoryPredictor()
+    p = config.predictor
+    return HashedNgramPredictor(
+        num_features=p.num_features, max_ngram=p.max_ngram, learning_rate=p.learning_rate, l2=p.l2, epochs=p.epochs, seed=config.seed
+    )
+
+
+def build_parts(config: RunConfig, *, progress: Callable[[int, float], None] | None = None) -> Parts:
+    """Load the task splits, build the env, load (and warm-start) the policy, and wire the collector."""
+    from trace_rl.engine.hf import HFEngine
+    from trace_rl.engine.openai_server import OpenAIEngine
+    from trace_rl.models import load_policy
+    from trace_rl.train.sft import warm_start
+
+    task = config.task
+    train = load_taskset(task.name, split="train", num_tasks=task.train_tasks, seed=task.seed)
+    test = load_taskset(task.name, split="test", num_tasks=task.test_tasks, seed=task.seed)
+    env = build_env(config, train)
+    model = config.model
+    name = model.name
+    if model.warm_start:
+        name = str(warm_start(model.name, train, env, config.sft, seed=config.seed, progress=progress))
+    elif name == "tiny":
+        raise ValueError("model.name=tiny needs model.warm_start=true: an untrained tiny model cannot use the tools")
+    policy = load_policy(name, seed=config.seed, dtype=model.dtype, device=model.device)
+    if model.engine == "openai":
+        if not model.server_urls:
+            raise ValueError("model.engine=openai needs model.server_urls (e.g. ['http://127.0.0.1:8000'])")
+        engine = OpenAIEngine(model.server_urls)
+    else:
+        engine = HFEngine.from_policy(policy, max_batch_size=model.max_batch_size)
+    predictor = build_predictor(config)
+    collector = TreeRolloutCollector(engine, policy.tokenizer, env, predictor, config.rollout, seed=config.seed)
+    return Parts(train=train, test=test, env=env, policy=policy, engine=engine, predictor=predictor, collector=collector)
+
+
+def train_run(config: RunConfig, run_dir: str | Path, *, resume: bool = False, bar: Any = None) -> Trainer:
+    """Train `config` in `run_dir` (continuing from its last checkpoint when `resume`).
+
+    `bar` is a `trace_rl.progress.Bars` for live progress, or None.
+    """
+    run_dir = Path(run_dir)
+    if not resume and (run_dir / "checkpoints" / "latest").exists():
+        raise FileExistsError(f"{run_dir} already holds a run; resume it or choose another folder")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_yaml(config, run_dir / "config.yaml")
+    sft_bar: list = []  # the warm-start bar appears only when a warm start is actually trained
+
+    def on_sft_step(step: int, loss: float) -> None:
+        if bar is None:
+            return
+        if not sft_bar:
+            sft_bar.append(bar.task("warm start", total=config.sft.steps))
+        bar.update(sft_bar[0], step + 1, {"loss": loss})
+
+    parts = build_parts(config, progress=on_sft_step)
+    trainer = Trainer(config, parts, run_dir)
+    if resume:
+        trainer.load_checkpoint()
+    steps_bar = bar.task(f"{run_dir.name} {config.rollout.method}", total=config.train.steps, completed=trainer.step) if bar else None
+
+    def on_step(step: int, metrics: dict[str, float]) -> None:
+        if bar is not None:
+            bar.update(steps_bar, step, headline(metrics))
+
+    trainer.run(on_step=on_step)
+    return trainer
+
+
+def headline(metrics: dict[str, Any]) -> dict[str, float]:
+    """The few figures worth showing live and on a command's last line."""
+    keys = ("critic/score/mean", "tree/effective_ratio", "tree/mixed_budget_share", "val/accuracy_greedy", "val/accuracy_sampled")
+    return {k: round(float(metrics[k]), 4) for k in keys if k in metrics}

@@ -1,0 +1,140 @@
+"""`trace-rl compare`: several methods, same seeds, budget and steps; one table.
+
+Every (method, seed) is a full training run in `DIR/<method>/seed_<k>/`; only `rollout.method`
+and `seed` differ between them. `DIR/summary.json` holds, per method, the figures averaged over
+steps (ratios) and seeds (accuracy), plus how many rollouts each method needed to first reach the
+first method's (the baseline's) final accuracy.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trace_rl.rollout import METHODS
+from trace_rl.run import RunConfig
+
+
+@dataclass
+class CompareConfig:
+    methods: list[str] = field(default_factory=lambda: ["grpo", "prompt_only", "random_tree", "trace"])
+    """Methods to run; the first is the baseline the others are measured against."""
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    accuracy: str = "val/accuracy_sampled"
+    """The held-out accuracy the table reports (`val/accuracy_greedy` or `val/accuracy_sampled`)."""
+    run: RunConfig = field(default_factory=RunConfig)
+    """The shared run config; `run.rollout.method` and `run.seed` are set per run."""
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown or not self.methods:
+            raise ValueError(f"methods must be a non-empty list of {', '.join(METHODS)}; unknown: {unknown}")
+        if not self.seeds:
+            raise ValueError("seeds must not be empty")
+        if self.accuracy not in ("val/accuracy_greedy", "val/accuracy_sampled"):
+            raise ValueError(f"accuracy must be val/accuracy_greedy or val/accuracy_sampled, got {self.accuracy!r}")
+
+
+def run_compare(
+    config: CompareConfig,
+    out: str | Path,
+    train_one: Callable[[RunConfig, Path], None],
+) -> dict[str, Any]:
+    """Train every (method, seed) with `train_one(config, run_dir)` (skipping finished runs), then summarise."""
+    out = Path(out)
+    for method in config.methods:
+        for seed in config.seeds:
+            run_dir = out / method / f"seed_{seed}"
+            run = copy.deepcopy(config.run)
+            run.rollout.method = method  # type: ignore[assignment]
+            run.seed = seed
+            if _finished(run_dir, run.train.steps):
+                continue
+            train_one(run, run_dir)
+    summary = summarise(out, config)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out / "summary.md").write_text(summary_table(summary))
+    return summary
+
+
+def _finished(run_dir: Path, steps: int) -> bool:
+    metrics = run_dir / "metrics.jsonl"
+    return metrics.exists() and any(json.loads(line)["step"] >= steps for line in metrics.read_text().splitlines() if line)
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+
+
+def summarise(out: Path, config: CompareConfig) -> dict[str, Any]:
+    acc_key = config.accuracy
+    methods: dict[str, dict[str, float]] = {}
+    curves: dict[str, list[tuple[float, float]]] = {}
+    for method in config.methods:
+        runs = [read_metrics(out / method / f"seed_{seed}") for seed in config.seeds]
+        runs = [r for r in runs if r]
+        if not runs:
+            continue
+        final = [next((m[acc_key] for m in reversed(r) if acc_key in m), np.nan) for r in runs]
+        methods[method] = {
+            "effective_ratio": _mean_over_steps(runs, "tree/effective_ratio"),
+            "effective_per_candidate": _mean_over_steps(runs, "tree/effective_per_candidate"),
+            "mixed_budget_share": _mean_over_steps(runs, "tree/mixed_budget_share"),
+            "final_accuracy": float(np.nanmean(final)),
+            "final_accuracy_std": float(np.nanstd(final)),
+            "rollouts": float(np.mean([r[-1]["rollout/rollouts_total"] for r in runs])),
+            "tokens": float(np.mean([r[-1]["rollout/tokens_total"] for r in runs])),
+            "allocation_overhead_share": _mean_over_steps(runs, "timing_s/allocation_overhead_share"),
+            "seeds": float(len(runs)),
+        }
+        curves[method] = _mean_curve(runs, acc_key)
+    baseline = config.methods[0]
+    if baseline in methods:
+        target = methods[baseline]["final_accuracy"]
+        for method, figures in methods.items():
+            figures["rollouts_to_baseline_accuracy"] = _first_reach(curves[method], target)
+    return {"methods": methods, "baseline": baseline, "accuracy_key": acc_key, "config": asdict(config)}
+
+
+def _mean_over_steps(runs: list[list[dict[str, Any]]], key: str) -> float:
+    values = [m[key] for r in runs for m in r if key in m]
+    return float(np.mean(values)) if values else float("nan")
+
+
+def _mean_curve(runs: list[list[dict[str, Any]]], key: str) -> list[tuple[float, float]]:
+    """(rollouts spent, accuracy) at each evaluated step, averaged over the seeds that have it."""
+    by_step: dict[int, list[tuple[float, float]]] = {}
+    for run in runs:
+        for m in run:
+            if key in m:
+                by_step.setdefault(int(m["step"]), []).append((m["rollout/rollouts_total"], m[key]))
+    return [(float(np.mean([r for r, _ in v])), float(np.mean([a for _, a in v]))) for _, v in sorted(by_step.items())]
+
+
+def _first_reach(curve: list[tuple[float, float]], target: float) -> float:
+    """Rollouts spent when the mean accuracy first reached `target` (NaN if it never did)."""
+    for rollouts, accuracy in curve:
+        if accuracy >= target - 1e-12:
+            return rollouts
+    return float("nan")
+
+
+def summary_table(summary: dict[str, Any]) -> str:
+    """The comparison as a Markdown table."""
+    header = "| method | effective ratio | effective / candidate | budget share in mixed groups | final accuracy (± std) | rollouts | rollouts to baseline accuracy |"
+    lines = [header, "|" + "---|" * 7]
+    for method, f in summary["methods"].items():
+        reach = f.get("rollouts_to_baseline_accuracy", float("nan"))
+        lines.append(
+            f"| {method} | {f['effective_ratio']:.3f} | {f['effective_per_candidate']:.3f} | {f['mixed_budget_share']:.3f} "
+            f"| {f['final_accuracy']:.3f} ± {f['final_accuracy_std']:.3f} | {f['rollouts']:.0f} "
+            f"| {'—' if np.isnan(reach) else f'{reach:.0f}'} |"
+        )
+    return "\n".join(lines) + "\n"

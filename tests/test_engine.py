@@ -1,0 +1,192 @@
+"""The `hf` engine: sampling, log-probs, stop strings, batching and prefix sharing on a tiny model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from trace_rl.engine.base import Completion, Engine, SamplingParams, cut_at_stop  # noqa: E402
+from trace_rl.engine.hf import HFEngine  # noqa: E402
+from trace_rl.models import Policy, TinyConfig, load_policy, score_batch  # noqa: E402
+
+TEXTS = [
+    "Question: Which river flows through Paris? <think> search it </think> <search> river Paris </search>",
+    "<information> The Seine flows through Paris. </information> <answer> Seine </answer>",
+] * 4
+PROMPTS = [
+    [2, 40, 41, 42, 43, 44, 45, 46, 47],
+    [2, 50, 51],
+    [2, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75],
+]
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory: pytest.TempPathFactory) -> Policy:
+    config = TinyConfig(vocab_size=600, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
+    return load_policy("tiny", seed=0, tokenizer_texts=TEXTS, tiny=config, cache_dir=tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def engine(policy: Policy) -> HFEngine:
+    return HFEngine.from_policy(policy)
+
+
+def _assert_logprobs_match_teacher_forcing(
+    policy: Policy, prompts: list[list[int]], results: list[list[Completion]], temperature: float = 1.0
+) -> None:
+    pairs = [(prompt, c.token_ids) for prompt, group in zip(prompts, results) for c in group]
+    expected = score_batch(policy.model, pairs, temperature=temperature)
+    got = [c.logprobs for group in results for c in group]
+    for exp, out in zip(expected, got):
+        assert out == pytest.approx(exp, abs=1e-4)
+
+
+def _tokens(results: list[list[Completion]]) -> list[list[list[int]]]:
+    return [[c.token_ids for c in group] for group in results]
+
+
+def test_engine_satisfies_the_protocol(engine: HFEngine) -> None:
+    assert isinstance(engine, Engine)
+
+
+def test_generate_returns_n_completions_per_prompt(engine: HFEngine) -> None:
+    results = engine.generate(PROMPTS, SamplingParams(n=3, max_new_tokens=6, seed=0, ignore_eos=True))
+    assert [len(group) for group in results] == [3, 3, 3]
+    for group in results:
+        for completion in group:
+            assert len(completion.token_ids) == len(completion.logprobs) == 6
+            assert completion.finish_reason == "length"
+        assert len({tuple(c.token_ids) for c in group}) > 1  # independent samples
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_match_teacher_forced_recomputation(policy: Policy, engine: HFEngine, temperature: float) -> None:
+    params = SamplingParams(n=2, temperature=temperature, max_new_tokens=12, seed=1)
+    results = engine.generate(PROMPTS, params)
+    _assert_logprobs_match_teacher_forcing(policy, PROMPTS, results, temperature)
+
+
+def test_different_length_prompts_batch_like_one_by_one(engine: HFEngine) -> None:
+    params = SamplingParams(n=2, max_new_tokens=10, seed=7, ignore_eos=True)
+    batched = engine.generate(PROMPTS, params)
+    for prompt, group in zip(PROMPTS, batched):
+        [alone] = engine.generate([prompt], params)
+        assert [c.token_ids for c in alone] == [c.token_ids for c in group]
+        for a, b in zip(alone, group):
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_shared_prefill_draws_the_same_samples_as_separate_prefills(policy: Policy, engine: HFEngine) -> None:
+    prompt = PROMPTS[2]
+    params = dict(max_new_tokens=10, seed=3, ignore_eos=True)
+    shared = engine.generate([prompt], SamplingParams(n=4, **params))[0]  # one prefill, cache repeated
+    separate = [g[0] for g in engine.generate([prompt] * 4, SamplingParams(n=1, **params))]  # four prefills
+    assert [c.token_ids for c in shared] == [c.token_ids for c in separate]
+    for a, b in zip(shared, separate):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    _assert_logprobs_match_teacher_forcing(policy, [prompt], [shared])
+
+
+def test_small_batches_give_the_same_results(policy: Policy, engine: HFEngine) -> None:
+    params = SamplingParams(n=3, max_new_tokens=8, seed=11)
+    small = HFEngine.from_policy(policy, max_batch_size=2)
+    assert _tokens(small.generate(PROMPTS, params)) == _tokens(engine.generate(PROMPTS, params))
+
+
+def test_seed_reproduces_and_different_seeds_differ(engine: HFEngine) -> None:
+    params = SamplingParams(n=2, max_new_tokens=8, seed=5, ignore_eos=True)
+    first = engine.generate(PROMPTS, params)
+    assert _tokens(first) == _tokens(engine.generate(PROMPTS, params))
+    other = engine.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=8, seed=6, ignore_eos=True))
+    assert _tokens(first) != _tokens(other)
+    unseeded = SamplingParams(n=2, max_new_tokens=8, ignore_eos=True)
+    assert _tokens(engine.generate(PROMPTS, unseeded)) != _tokens(engine.generate(PROMPTS, unseeded))
+
+
+def test_greedy_takes_the_argmax_and_reports_raw_logprobs(policy: Policy, engine: HFEngine) -> None:
+    [[completion]] = engine.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_new_tokens=6, ignore_eos=True))
+    sequence = PROMPTS[0] + completion.token_ids
+    with torch.no_grad():
+        logits = policy.model(torch.tensor([sequence])).logits[0, len(PROMPTS[0]) - 1 : -1]
+    assert completion.token_ids == logits.argmax(-1).tolist()
+    _assert_logprobs_match_teacher_forcing(policy, [PROMPTS[0]], [[completion]])
+
+
+def test_top_p_samples_only_from_the_nucleus(policy: Policy, engine: HFEngine) -> None:
+    top_p = 0.3
+    [group] = engine.generate([PROMPTS[1]], SamplingParams(n=4, top_p=top_p, max_new_tokens=8, seed=2, ignore_eos=True))
+    for completion in group:
+        sequence = PROMPTS[1] + completion.token_ids
+        with torch.no_grad():
+            logits = policy.model(torch.tensor([sequence])).logits[0, len(PROMPTS[1]) - 1 : -1]
+        probs = torch.softmax(logits.double(), -1)
+        for step, token in enumerate(completion.token_ids):
+            mass_above = probs[step][probs[step] > probs[step, token]].sum().item()
+            assert mass_above < top_p  # the token is inside the smallest set reaching top_p
+    _assert_logprobs_match_teacher_forcing(policy, [PROMPTS[1]] , [group])  # log-probs stay untruncated
+
+
+def test_stop_string_ends_generation_and_stays_in_the_output(engine: HFEngine) -> None:
+    params = dict(n=3, max_new_tokens=40, seed=4, ignore_eos=True)
+    free = engine.generate([PROMPTS[0]], SamplingParams(**params))[0]
+    # A stop string from the middle of the first free-running completion (printable, so no
+    # half-decoded bytes); the same seed then reproduces that completion up to the stop.
+    text = free[0].text
+    start = next(i for i in range(8, len(text) - 3) if text[i : i + 3].isascii() and text[i : i + 3].isprintable())
+    stop = text[start : start + 3]
+    stopped = engine.generate([PROMPTS[0]], SamplingParams(stop=(stop, "never-produced"), **params))[0]
+    first = stopped[0]
+    assert first.finish_reason == "stop" and first.stop_reason == stop
+    assert first.text.endswith(stop) and stop not in first.text[:-1]
+    assert first.token_ids == free[0].token_ids[: len(first.token_ids)]
+    assert stop not in engine.decode(first.token_ids[:-1])  # it stopped at the first token completing it
+    for other, reference in zip(stopped[1:], free[1:]):  # the other samples stop only if they produce it
+        assert other.token_ids == reference.token_ids[: len(other.token_ids)]
+        assert (other.finish_reason == "stop") == (stop in reference.text)
+
+
+def test_eos_ends_generation_and_is_kept_in_tokens_not_text(policy: Policy, engine: HFEngine) -> None:
+    params = SamplingParams(n=4, max_new_tokens=12, seed=9, ignore_eos=True)
+    free = engine.generate([PROMPTS[2]], params)[0]
+    eos = free[0].token_ids[3]  # declare a token the first sample draws to be the end of sequence
+    with_eos = HFEngine.from_policy(policy, eos_token_ids=[eos])
+    ended = with_eos.generate([PROMPTS[2]], SamplingParams(n=4, max_new_tokens=12, seed=9))[0]
+    first = ended[0]
+    assert first.finish_reason == "eos"
+    assert first.token_ids == free[0].token_ids[: free[0].token_ids.index(eos) + 1]
+    assert first.text == with_eos.decode(first.token_ids[:-1])
+    # rows finishing at different steps leave the batch; the rest must be unaffected
+    _assert_logprobs_match_teacher_forcing(policy, [PROMPTS[2]], [ended])
+    for done, reference in zip(ended, free):
+        assert done.token_ids == reference.token_ids[: len(done.token_ids)]
+
+
+def test_bad_inputs_raise_clear_errors(engine: HFEngine) -> None:
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        engine.generate([[2, 3], []], SamplingParams())
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.generate([[2, 10**6]], SamplingParams())
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(ValueError, match="n must be"):
+        SamplingParams(n=0)
+    assert SamplingParams(stop="</search>").stop == ("</search>",)
+
+
+def test_cut_at_stop_keeps_the_earliest_ending_stop_string() -> None:
+    assert cut_at_stop("a <search> q </search> tail", ("</search>", "tail")) == ("a <search> q </search>", "</search>")
+    assert cut_at_stop("no stop here", ("</answer>",)) == ("no stop here", None)
+
+
+def test_lora_policy_generates(tmp_path: Path) -> None:
+    pytest.importorskip("peft")
+    from trace_rl.models import LoraSpec
+
+    config = TinyConfig(vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    policy = load_policy("tiny", tokenizer_texts=TEXTS, tiny=config, cache_dir=tmp_path, lora=LoraSpec(r=2))
+    results = HFEngine.from_policy(policy).generate(PROMPTS[:2], SamplingParams(n=2, max_new_tokens=5, seed=0))
+    _assert_logprobs_match_teacher_forcing(policy, PROMPTS[:2], results)

@@ -1,0 +1,232 @@
+"""The success predictor: its contract, training targets and calibration measures."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from trace_rl.predictor import (
+    HashedNgramPredictor,
+    SuccessPredictor,
+    backup_targets,
+    brier_score,
+    calibration_report,
+    expected_calibration_error,
+    natural_backup,
+    rollout_starts,
+)
+from trace_rl.tree import History, RolloutTree, Turn
+
+
+def _toy(count: int, seed: int) -> tuple[list[History], np.ndarray]:
+    """Prompts that say 'easy' succeed, 'hard' ones fail; the rest of the words are noise."""
+    rng = np.random.default_rng(seed)
+    filler = [f"w{i}" for i in range(50)]
+    histories, targets = [], []
+    for i in range(count):
+        label = i % 2
+        words = " ".join(rng.choice(filler, size=4))
+        prompt = f"{'easy' if label else 'hard'} question {words}"
+        turns = (Turn("think", "search[x]", "result"),) if i % 3 == 0 else ()
+        histories.append(History(prompt, turns, f"t{i}"))
+        targets.append(float(label))
+    return histories, np.array(targets)
+
+
+def test_predicts_exactly_half_before_any_update() -> None:
+    histories, _ = _toy(20, seed=0)
+    p = HashedNgramPredictor().predict(histories)
+    assert p.dtype == np.float64
+    assert np.all(p == 0.5)
+
+
+def test_satisfies_the_success_predictor_protocol() -> None:
+    assert isinstance(HashedNgramPredictor(), SuccessPredictor)
+
+
+def test_learns_a_separable_toy_signal_and_generalises_to_new_prompts() -> None:
+    train, y = _toy(400, seed=0)
+    test, y_test = _toy(100, seed=1)
+    predictor = HashedNgramPredictor(seed=0)
+    first = predictor.update(train, y, np.ones_like(y))
+    for _ in range(4):
+        last = predictor.update(train, y, np.ones_like(y))
+    assert last["predictor/loss"] < first["predictor/loss"]
+    p = predictor.predict(test)
+    assert p[y_test == 1.0].min() > 0.75 and p[y_test == 0.0].max() < 0.25
+    assert np.mean(np.abs(p - y_test)) < 0.1
+
+
+def test_training_is_deterministic_given_the_seed() -> None:
+    histories, y = _toy(200, seed=0)
+    a, b = HashedNgramPredictor(seed=3), HashedNgramPredictor(seed=3)
+    a.update(histories, y, None)
+    b.update(histories, y, None)
+    np.testing.assert_array_equal(a.predict(histories), b.predict(histories))
+
+
+def test_state_dict_round_trip_gives_identical_predictions_and_training() -> None:
+    histories, y = _toy(200, seed=0)
+    trained = HashedNgramPredictor(seed=1, learning_rate=0.5)
+    trained.update(histories, y, None)
+    restored = HashedNgramPredictor(num_features=64)  # another config: the state replaces it
+    restored.load_state_dict(trained.state_dict())
+    np.testing.assert_array_equal(restored.predict(histories), trained.predict(histories))
+    trained.update(histories, y, None)  # same seeded minibatch order afterwards too
+    restored.update(histories, y, None)
+    np.testing.assert_array_equal(restored.predict(histories), trained.predict(histories))
+
+
+def test_state_dict_is_a_copy() -> None:
+    histories, y = _toy(50, seed=0)
+    predictor = HashedNgramPredictor()
+    state = predictor.state_dict()
+    predictor.update(histories, y, None)
+    assert not state["weights"].any() and state["bias"] == 0.0
+
+
+def test_load_state_dict_rejects_a_foreign_state() -> None:
+    with pytest.raises(ValueError, match="kind"):
+        HashedNgramPredictor().load_state_dict({"kind": "value_head"})
+
+
+def test_update_rejects_bad_input() -> None:
+    histories, y = _toy(4, seed=0)
+    predictor = HashedNgramPredictor()
+    with pytest.raises(ValueError, match="finite"):
+        predictor.update(histories, np.array([0.0, np.nan, 1.0, 0.0]), None)
+    with pytest.raises(ValueError, match="entries"):
+        predictor.update(histories, y[:3], None)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        predictor.update(histories, np.array([0.0, 2.0, 1.0, 0.0]), None)
+    with pytest.raises(ValueError, match="weights"):
+        predictor.update(histories, y, np.ones(3))
+    with pytest.raises(ValueError, match="weights"):
+        predictor.update(histories, y, np.array([1.0, -1.0, 1.0, 1.0]))
+    with pytest.raises(ValueError, match="learning_rate"):
+        HashedNgramPredictor(learning_rate=0.0)
+    assert np.all(predictor.predict(histories) == 0.5)  # nothing was learned from bad batches
+
+
+def test_predicting_ten_thousand_fresh_histories_takes_well_under_a_second() -> None:
+    rng = np.random.default_rng(0)
+    vocab = [f"word{i}" for i in range(500)]
+    histories = []
+    for i in range(10_000):
+        turns = tuple(
+            Turn(" ".join(rng.choice(vocab, 6)), f"search[{rng.choice(vocab)}]", " ".join(rng.choice(vocab, 8)))
+            for _ in range(i % 4)
+        )
+        histories.append(History(f"question {i} " + " ".join(rng.choice(vocab, 12)), turns))
+    predictor = HashedNgramPredictor()
+    start = time.process_time()  # CPU time: a busy test machine must not fail this
+    p = predictor.predict(histories)  # cold: every text is featurised for the first time
+    assert time.process_time() - start < 1.0
+    assert p.shape == (10_000,)
+
+
+# ---------------------------------------------------------------- backup targets
+
+
+def _hand_tree() -> RolloutTree:
+    """Two bare rollouts from the root, then Stage-2 continuations from nodes 1 and 2.
+
+        0 ─ 1 ─ 2 ─ 3 (r=0)       bare rollout 1
+        │   │   └── 7 (r=1)       continuation started at 2
+        │   └── 6 (r=1)           continuation started at 1
+        └── 4 ─ 5 (r=1)           bare rollout 2
+    """
+    tree = RolloutTree.new("t", "a prompt")
+    one = tree.add_turn(0, thought="a")
+    two = tree.add_turn(one, thought="b")
+    tree.add_turn(two, action="answer", reward=0.0)
+    four = tree.add_turn(0, thought="c")
+    tree.add_turn(four, action="answer", reward=1.0)
+    tree.add_turn(one, action="answer", reward=1.0)
+    tree.add_turn(two, action="answer", reward=1.0)
+    return tree
+
+
+def test_rollout_starts_reads_where_each_rollout_began() -> None:
+    np.testing.assert_array_equal(rollout_starts(_hand_tree()), [0, 0, 0, 0, 0, 0, 1, 2])
+
+
+def test_backup_targets_natural_leave_out_continuations_started_below() -> None:
+    tree = _hand_tree()
+    histories, targets, weights = backup_targets([tree])
+    # Non-terminal nodes 0, 1, 2, 4. Root: bare rollouts 3 and 5 only. Node 1: leaf 3 and its own
+    # continuation 6 (not 7, started below it). Node 2: leaves 3 and 7. Node 4: leaf 5.
+    assert [h.depth for h in histories] == [0, 1, 2, 1]
+    assert histories[2] == tree.history(2)
+    np.testing.assert_array_equal(targets, [0.5, 0.5, 0.5, 1.0])
+    np.testing.assert_array_equal(weights, [2, 2, 2, 1])
+    backup = natural_backup(tree)
+    np.testing.assert_array_equal(backup.counts, [2, 2, 2, 1, 1, 1, 1, 1])
+
+
+def test_backup_targets_all_are_the_tree_backup_values() -> None:
+    tree = _hand_tree()
+    _, targets, weights = backup_targets([tree], leaves="all")
+    np.testing.assert_allclose(targets, [0.75, 2 / 3, 0.5, 1.0])
+    np.testing.assert_array_equal(weights, [4, 3, 2, 1])
+    _, _, sqrt_weights = backup_targets([tree], leaves="all", weighting="sqrt")
+    np.testing.assert_allclose(sqrt_weights, np.sqrt([4, 3, 2, 1]))
+    _, _, flat = backup_targets([tree], weighting="uniform")
+    np.testing.assert_array_equal(flat, [1, 1, 1, 1])
+
+
+def test_backup_targets_skip_nodes_without_finished_leaves_and_reject_bad_options() -> None:
+    tree = RolloutTree.new("t", "p")
+    tree.add_turn(0, thought="unfinished")
+    histories, targets, weights = backup_targets([tree])
+    assert histories == [] and targets.size == 0 and weights.size == 0
+    with pytest.raises(ValueError, match="weighting"):
+        backup_targets([tree], weighting="log")
+    with pytest.raises(ValueError, match="leaves"):
+        backup_targets([tree], leaves="some")
+
+
+# ---------------------------------------------------------------- calibration
+
+
+def test_brier_score_matches_hand_computation() -> None:
+    p, y = np.array([0.1, 0.4, 0.8, 0.9]), np.array([0.0, 1.0, 1.0, 0.0])
+    assert brier_score(p, y) == pytest.approx((0.01 + 0.36 + 0.04 + 0.81) / 4)
+    assert brier_score(p, y, np.array([1.0, 0.0, 0.0, 1.0])) == pytest.approx((0.01 + 0.81) / 2)
+    assert brier_score(np.array([0.3]), np.array([0.5])) == pytest.approx(0.04)  # fractional target
+
+
+def test_expected_calibration_error_matches_hand_computation() -> None:
+    p, y = np.array([0.1, 0.4, 0.8, 0.9]), np.array([0.0, 1.0, 1.0, 0.0])
+    # Ten bins: each prediction alone in its bin.
+    assert expected_calibration_error(p, y) == pytest.approx((0.1 + 0.6 + 0.2 + 0.9) / 4)
+    # Two bins: [0.1, 0.4] has mean p 0.25 and mean y 0.5; [0.8, 0.9] has 0.85 and 0.5.
+    assert expected_calibration_error(p, y, n_bins=2) == pytest.approx(0.5 * 0.25 + 0.5 * 0.35)
+    # Weighted bins, fractional targets, and p = 1 falls in the last bin.
+    p2, y2, w2 = np.array([0.2, 0.3, 1.0]), np.array([0.5, 0.0, 0.75]), np.array([1.0, 3.0, 4.0])
+    low_gap = abs((0.2 + 0.9) / 4 - (0.5 + 0.0) / 4)
+    assert expected_calibration_error(p2, y2, n_bins=2, weights=w2) == pytest.approx((4 * low_gap + 4 * 0.25) / 8)
+    assert expected_calibration_error(np.array([0.7, 0.7]), np.array([1.0, 0.4])) == pytest.approx(0.0)
+
+
+def test_calibration_measures_reject_bad_input() -> None:
+    with pytest.raises(ValueError, match="entries"):
+        brier_score(np.array([0.1, 0.2]), np.array([1.0]))
+    with pytest.raises(ValueError, match="p must"):
+        brier_score(np.array([np.nan]), np.array([1.0]))
+    with pytest.raises(ValueError, match="y must"):
+        expected_calibration_error(np.array([0.5]), np.array([1.5]))
+    with pytest.raises(ValueError, match="n_bins"):
+        expected_calibration_error(np.array([0.5]), np.array([1.0]), n_bins=0)
+    with pytest.raises(ValueError, match="empty"):
+        brier_score(np.array([]), np.array([]))
+
+
+def test_calibration_report_of_an_untrained_predictor() -> None:
+    report = calibration_report(HashedNgramPredictor(), [_hand_tree()])
+    # p = 0.5 everywhere: the Brier score is the mean of (0.5 - target)^2 weighted by leaf count.
+    assert report["predictor/brier"] == pytest.approx((2 * 0 + 2 * 0 + 2 * 0 + 1 * 0.25) / 7)
+    assert report["predictor/ece"] == pytest.approx(abs(0.5 - (0.5 * 6 + 1.0) / 7))
+    assert report["predictor/examples"] == 4.0

@@ -1,0 +1,139 @@
+"""The collector against real tasks, env, tools and tokenizer, with a scripted engine for speed."""
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from trace_rl.agent.env import ToolEnv
+from trace_rl.agent.tasks import load_taskset
+from trace_rl.engine.base import Completion, SamplingParams
+from trace_rl.models import build_tokenizer
+from trace_rl.predictor.hashed import HashedNgramPredictor
+from trace_rl.rollout import METHODS, RolloutConfig, TreeRolloutCollector
+from trace_rl.tree import read_jsonl, write_jsonl
+
+
+class ScriptedEngine:
+    """Samples each turn from a fixed menu of turn texts (searches, right and wrong answers).
+
+    Token ids come from the real tokenizer, log-probs are the log of the menu's uniform choice, so
+    the collector's bookkeeping can be checked exactly.
+    """
+
+    def __init__(self, tokenizer, turns: Sequence[str]) -> None:
+        self.tokenizer = tokenizer
+        self.turns = list(turns)
+        self.calls: list[tuple[int, int]] = []  # (prompts, n) per call
+
+    def generate(self, prompts, params: SamplingParams) -> list[list[Completion]]:
+        rng = np.random.default_rng(params.seed)
+        self.calls.append((len(prompts), params.n))
+        out = []
+        for _ in prompts:
+            group = []
+            for _ in range(params.n):
+                text = self.turns[int(rng.integers(len(self.turns)))]
+                ids = self.tokenizer.encode(text, add_special_tokens=False)
+                group.append(Completion(ids, [float(-np.log(len(self.turns)))] * len(ids), text, "stop"))
+            out.append(group)
+        return out
+
+
+@pytest.fixture(scope="module")
+def world():
+    taskset = load_taskset("multihop", split="train", num_tasks=12, seed=0)
+    env = ToolEnv.for_taskset(taskset, max_turns=4)
+    tokenizer = build_tokenizer([p.text for p in taskset.corpus[:50]], vocab_size=600)
+    answers = [task.answers[0] for task in taskset.tasks[:3]]
+    turns = [
+        "<think>look</think>\n<search>" + taskset.tasks[0].meta["start"] + "</search>",
+        "<think>look again</think>\n<search>river</search>",
+        *[f"<think>done</think>\n<answer>{a}</answer>" for a in answers],
+        "I am confused",  # malformed: becomes an error observation and uses up a turn
+    ]
+    return taskset, env, tokenizer, turns
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_spends_the_budget_exactly(world, method):
+    taskset, env, tokenizer, turns = world
+    for budget in (24, 37):
+        config = RolloutConfig(method=method, budget=budget, max_turns=4, max_new_tokens=32)
+        collector = TreeRolloutCollector(ScriptedEngine(tokenizer, turns), tokenizer, env, HashedNgramPredictor(), config, seed=1)
+        batch = collector.collect(taskset.tasks[:8])
+        assert sum(t.leaves().size for t in batch.trees) == budget
+        assert batch.stats["rollout/leaves"] == budget
+        roots = sum(t.root.budget for t in batch.trees)
+        prefixes = sum(n.budget for t in batch.trees for n in t.nodes[1:])
+        assert roots + prefixes == budget
+
+
+def test_trees_keep_tokens_masks_logprobs_observations_and_rewards(world, tmp_path):
+    taskset, env, tokenizer, turns = world
+    config = RolloutConfig(method="trace", budget=32, max_turns=4, max_new_tokens=32)
+    engine = ScriptedEngine(tokenizer, turns)
+    batch = TreeRolloutCollector(engine, tokenizer, env, HashedNgramPredictor(), config, seed=0).collect(taskset.tasks[:8])
+    for tree in batch.trees:
+        assert tree.root.mask == [0] * len(tree.root.token_ids) and tree.root.token_ids
+        for node in tree.nodes[1:]:
+            policy = [t for t, m in zip(node.token_ids, node.mask) if m]
+            text = tokenizer.decode(policy)
+            assert text in turns  # the policy's tokens are exactly what the engine sampled
+            observation = [t for t, m in zip(node.token_ids, node.mask) if not m]
+            if node.is_terminal:
+                assert observation == []
+            else:
+                assert node.observation and node.observation in tokenizer.decode(observation)
+            assert all(lp == pytest.approx(-np.log(len(turns))) for lp, m in zip(node.logprobs, node.mask) if m)
+            assert all(lp == 0.0 for lp, m in zip(node.logprobs, node.mask) if not m)
+        for leaf in tree.leaves():
+            assert tree.nodes[leaf].reward in (0.0, 1.0)
+    path = tmp_path / "trees.jsonl"
+    write_jsonl(batch.trees, path)
+    assert [t.to_dict() for t in read_jsonl(path)] == [t.to_dict() for t in batch.trees]
+
+
+def test_continuations_of_one_prefix_share_one_engine_call(world):
+    taskset, env, tokenizer, turns = world
+    config = RolloutConfig(method="grpo", budget=16, max_turns=4, max_new_tokens=32)
+    engine = ScriptedEngine(tokenizer, turns)
+    TreeRolloutCollector(engine, tokenizer, env, HashedNgramPredictor(), config).collect(taskset.tasks[:4])
+    assert engine.calls[0] == (4, 4)  # four prompts, each prefilled once for its four rollouts
+
+
+def test_stage2_branches_continue_from_restored_prefixes(world):
+    taskset, env, tokenizer, turns = world
+    config = RolloutConfig(method="trace", budget=40, stage1_share=0.4, max_turns=4, max_new_tokens=32)
+    batch = TreeRolloutCollector(ScriptedEngine(tokenizer, turns), tokenizer, env, HashedNgramPredictor(), config, seed=3).collect(taskset.tasks[:8])
+    branched = [(t, n) for t in batch.trees for n in t.nodes[1:] if n.budget > 0]
+    assert branched, "Stage 2 expanded no prefix"
+    for tree, node in branched:
+        assert len(node.children) == 1 + node.budget  # the bare rollout's own child plus k continuations
+        # the env was restored: every continuation's turn number follows the prefix's depth
+        for child in node.children:
+            assert tree.nodes[child].info["turn"] == node.depth + 1
+
+
+def test_same_seed_gives_the_same_trees(world):
+    taskset, env, tokenizer, turns = world
+    config = RolloutConfig(method="trace", budget=24, max_turns=4, max_new_tokens=32)
+
+    def run():
+        collector = TreeRolloutCollector(ScriptedEngine(tokenizer, turns), tokenizer, env, HashedNgramPredictor(), config, seed=5)
+        return [t.to_dict() for t in collector.collect(taskset.tasks[:6]).trees]
+
+    first, second = run(), run()
+    for a, b in zip(first, second):
+        for node in (*a["nodes"], *b["nodes"]):
+            node["info"].pop("tool_seconds", None)
+    assert first == second
+
+
+def test_bad_configs_name_the_field():
+    with pytest.raises(ValueError, match="method must be one of"):
+        RolloutConfig(method="tarce")
+    with pytest.raises(ValueError, match="min_per_prompt must be >= 2"):
+        RolloutConfig(min_per_prompt=1)
+    with pytest.raises(ValueError, match="stage1_share"):
+        RolloutConfig(stage1_share=0.0)

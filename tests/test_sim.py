@@ -1,0 +1,156 @@
+"""The latent-tree simulator and the allocation benchmark built on it."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from trace_rl.bench import FIGURES, METHODS, BenchConfig, run_batch, run_benchmark
+from trace_rl.sim import LatentTreeSimulator, SimConfig
+from trace_rl.tree import RolloutTree, tree_metrics
+
+
+def _grown(sim: LatentTreeSimulator, seed: int, prompts: int = 8, per_prompt: int = 4) -> list[RolloutTree]:
+    rng = np.random.default_rng(seed)
+    trees = [sim.new_tree(p) for p in sim.sample_prompts(prompts, rng)]
+    for tree in trees:
+        for _ in range(per_prompt):
+            sim.rollout(tree, 0, rng)
+    return trees
+
+
+def test_prefix_probabilities_match_monte_carlo() -> None:
+    sim = LatentTreeSimulator(seed=0)
+    rng = np.random.default_rng(1)
+    prompts = [p for p in sim.sample_prompts(200, rng) if 0.2 < p.p0 < 0.8][:3]
+    checked = 0
+    for prompt in prompts:
+        tree = sim.new_tree(prompt)
+        leaf = sim.rollout(tree, 0, rng)
+        for node in tree.path(leaf)[:-1]:  # the root and every intermediate prefix
+            p = sim.true_value(tree, node)
+            draws = 4000
+            rewards = [tree.nodes[sim.rollout(tree, node, rng)].reward for _ in range(draws)]
+            assert abs(np.mean(rewards) - p) < 4.0 * np.sqrt(p * (1 - p) / draws) + 1e-3
+            checked += 1
+    assert checked >= 4
+    assert sim.true_value(tree, 0) == prompts[-1].p0
+
+
+def test_expected_root_value_from_topic_matches_monte_carlo() -> None:
+    sim = LatentTreeSimulator(seed=2)
+    prompts = sim.sample_prompts(20_000, np.random.default_rng(0))
+    topic, hops = prompts[0].topic, prompts[0].hops
+    same = [p.p0 for p in prompts if (p.topic, p.hops) == (topic, hops)]
+    assert len(same) > 50
+    assert abs(np.mean(same) - sim.expected_p0(topic, hops)) < 4.0 * np.std(same) / np.sqrt(len(same)) + 1e-3
+
+
+def test_simulation_is_reproducible_with_a_seed() -> None:
+    first = [t.to_dict() for t in _grown(LatentTreeSimulator(seed=5), seed=9)]
+    second = [t.to_dict() for t in _grown(LatentTreeSimulator(seed=5), seed=9)]
+    assert first == second
+    other_world = [t.to_dict() for t in _grown(LatentTreeSimulator(seed=6), seed=9)]
+    assert other_world != first
+
+
+def test_trees_have_the_allocated_leaf_counts_and_valid_structure() -> None:
+    sim = LatentTreeSimulator(seed=0)
+    rng = np.random.default_rng(0)
+    allocation = [0, 2, 5, 3]
+    trees = [sim.new_tree(p) for p in sim.sample_prompts(len(allocation), rng)]
+    for tree, count in zip(trees, allocation):
+        for _ in range(count):
+            sim.rollout(tree, 0, rng)
+        tree.validate()
+        assert tree.leaves().size == count == len(tree.root.children)
+        for node in tree.nodes[1:]:
+            assert 1 <= node.depth <= sim.config.max_turns + 1
+            assert 0.0 <= node.info["p_true"] <= 1.0
+        assert all(tree.nodes[int(leaf)].reward in (0.0, 1.0) for leaf in tree.leaves())
+
+
+def test_text_never_states_a_probability() -> None:
+    for tree in _grown(LatentTreeSimulator(seed=0), seed=0):
+        texts = [tree.prompt] + [f"{n.thought} {n.action} {n.observation}" for n in tree.nodes]
+        assert not any(re.search(r"\d\.\d|%", text) for text in texts)
+
+
+def test_continuing_a_finished_rollout_raises() -> None:
+    sim = LatentTreeSimulator(seed=0)
+    rng = np.random.default_rng(0)
+    tree = sim.new_tree(sim.sample_prompts(1, rng)[0])
+    leaf = sim.rollout(tree, 0, rng)
+    with pytest.raises(ValueError, match="finished"):
+        sim.rollout(tree, leaf, rng)
+
+
+def test_sim_config_rejects_bad_values() -> None:
+    with pytest.raises(ValueError, match="text_noise"):
+        SimConfig(text_noise=1.5)
+    with pytest.raises(ValueError, match="hard_share"):
+        SimConfig(hard_share=0.8, easy_share=0.3)
+
+
+def test_default_regime_gives_uniform_allocation_an_effective_ratio_near_the_papers() -> None:
+    # Expected share of prompts whose 6 rollouts disagree, over several worlds: the paper starts at 26.8%.
+    ratios = []
+    for seed in range(10):
+        sim = LatentTreeSimulator(seed=seed)
+        p = np.array([x.p0 for x in sim.sample_prompts(2000, np.random.default_rng(seed))])
+        ratios.append(np.mean(1.0 - p**6 - (1.0 - p) ** 6))
+    assert 0.25 <= np.mean(ratios) <= 0.35
+
+
+# ---------------------------------------------------------------- the benchmark
+
+SMALL = {"prompts_per_batch": 16, "budget": 96, "seeds": 1, "batches": 2, "warmup_batches": 1, "workers": 1}
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_spends_exactly_the_budget(method: str) -> None:
+    from trace_rl.predictor import HashedNgramPredictor
+
+    cfg = BenchConfig(prompts_per_batch=16, budget=96, stage1_share=0.6)
+    sim = LatentTreeSimulator(seed=0)
+    prompts = sim.sample_prompts(cfg.prompts_per_batch, np.random.default_rng(0))
+    trees = run_batch(method, prompts, sim, cfg, np.random.default_rng(1), HashedNgramPredictor())
+    assert tree_metrics(trees)["tree/leaves"] == cfg.budget
+    bare = sum(t.root.budget for t in trees)
+    assert bare == (cfg.stage1_budget if method.startswith("trace_") or method == "random_prefix" else cfg.budget)
+    for tree in trees:
+        tree.validate()
+        assert tree.root.budget == len(tree.root.children)
+        for node in tree.nodes[1:]:
+            if node.budget:  # an expanded prefix: its bare rollout's child plus its continuations
+                assert len(node.children) == node.budget + 1
+
+
+def test_small_benchmark_returns_every_method_and_figure() -> None:
+    result = run_benchmark(**SMALL)
+    assert set(result["methods"]) == set(METHODS)
+    for figures in result["methods"].values():
+        assert set(figures) == set(FIGURES) | {f"{name}_std" for name in FIGURES}
+        assert all(0.0 <= figures[name] <= 1.0 for name in FIGURES)
+    assert set(result["warmup"]) == set(result["predictor"]) == {"prompt_only", "trace_learned"}
+    assert {"predictor/brier", "predictor/ece", "predictor/mse_true"} <= set(result["predictor"]["trace_learned"])
+    assert set(result["targets"]) == {"oracle_vs_uniform", "learned_vs_oracle"}
+    assert result["config"]["budget"] == 96 and result["seconds"] > 0.0
+
+
+def test_benchmark_does_not_depend_on_workers_or_the_methods_run_beside() -> None:
+    base = {**SMALL, "seeds": 2, "methods": ["uniform", "trace_oracle"]}
+    one = run_benchmark(**base)
+    two = run_benchmark(**{**base, "workers": 2, "methods": ["trace_oracle"]})
+    assert one["methods"]["trace_oracle"] == two["methods"]["trace_oracle"]
+
+
+def test_benchmark_rejects_unknown_keys_and_keeps_defaults_for_none() -> None:
+    with pytest.raises(ValueError, match="did you mean 'budget'"):
+        run_benchmark(budgett=10)
+    with pytest.raises(ValueError, match="stage1_share"):
+        run_benchmark(stage1_share=0.0)
+    result = run_benchmark(**SMALL, noise=None)
+    assert result["config"]["noise"] == BenchConfig().noise
