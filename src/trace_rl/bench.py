@@ -350,11 +350,11 @@ def summary_table(result: dict[str, Any], file: TextIO | None = None) -> None:
         f"budget {config['budget']} over {config['prompts_per_batch']} prompts, stage1_share {config['stage1_share']} "
         "(mean ± std over seeds)"
     )
-    table.add_column("method")
+    table.add_column("method", no_wrap=True)
     for name in FIGURES:
-        table.add_column(name, justify="right")
+        table.add_column(name.replace("_", "\n"), justify="right", no_wrap=True)  # fits 80 columns
     for method, figures in result["methods"].items():
-        table.add_row(method, *(f"{figures[n]:.3f} ± {figures[n + '_std']:.3f}" for n in FIGURES))
+        table.add_row(method, *(f"{figures[n]:.3f}±{figures[n + '_std']:.3f}" for n in FIGURES))
     console.print(table)
     for method, metrics in result["predictor"].items():
         shown = ", ".join(f"{k.split('/')[-1]} {v:.4f}" for k, v in metrics.items() if not k.endswith("_std"))

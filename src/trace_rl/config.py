@@ -199,6 +199,8 @@ class PredictorConfig:
 
     num_features: int = 2**18
     max_ngram: int = 2
-    learning_rate: float = 0.2
+    learning_rate: float = 0.3
     l2: float = 1e-4
     epochs: int = 2
+    initial_accumulator: float = 1e-3
+    """AdaGrad's starting Σ g²: keeps n-grams seen once from memorising their example."""

@@ -8,7 +8,7 @@ the same way from one typed config.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -74,10 +74,7 @@ def build_predictor(config: RunConfig) -> SuccessPredictor:
     """`prompt_only` learns each prompt's own success rate (Knapsack-RL style); the rest share Ṽψ."""
     if config.rollout.method == "prompt_only":
         return PromptHistoryPredictor()
-    p = config.predictor
-    return HashedNgramPredictor(
-        num_features=p.num_features, max_ngram=p.max_ngram, learning_rate=p.learning_rate, l2=p.l2, epochs=p.epochs, seed=config.seed
-    )
+    return HashedNgramPredictor(**asdict(config.predictor), seed=config.seed)
 
 
 def build_parts(config: RunConfig, *, progress: Callable[[int, float], None] | None = None) -> Parts:

@@ -81,10 +81,12 @@ def backup_targets(
       y or above it. Continuations started *below* y are left out of y's target: Stage 2 chose where
       to start them by looking at outcomes (it expands failed rollouts' most promising prefixes, and
       successful rollouts' least promising ones), so they over-sample the subtrees most likely to
-      flip, and the plain mean drags every ancestor's target towards 0.5. Each leaf counted this way
-      is a fair draw for y, so the count-weighted cross-entropy below has its optimum at the true
-      value even at an expanded prefix (whose own continuations do count). On the simulator the plain
-      mean over TRACE trees puts prompts of true success 0.10 at 0.14 and of 0.90 at 0.85.
+      flip, and the plain mean drags every ancestor's target towards 0.5. What counts is fair: the
+      rollout through an expanded prefix is an unselected draw (every prefix of every bare rollout
+      is an example, expanded or not) and its continuations are fresh draws, so the count-weighted
+      cross-entropy's expected gradient vanishes at the true value. On the simulator's TRACE trees
+      the plain mean puts roots of true success 0.11 at 0.17 and of 0.89 at 0.82; this one at 0.09
+      and 0.90 (`trace_rl.sim` knows the truth).
     - `"all"`: every leaf below y, the backup value V̂ of `RolloutTree.backup` (the mean reward of
       y's leaves). Fair only when no branching decision looked at outcomes.
 
