@@ -1,43 +1,16 @@
 """The collector against real tasks, env, tools and tokenizer, with a scripted engine for speed."""
 
-from collections.abc import Sequence
-
 import numpy as np
 import pytest
 
 from trace_rl.agent.env import ToolEnv
 from trace_rl.agent.tasks import load_taskset
-from trace_rl.engine.base import Completion, SamplingParams
 from trace_rl.models import build_tokenizer
 from trace_rl.predictor.hashed import HashedNgramPredictor
 from trace_rl.rollout import METHODS, RolloutConfig, TreeRolloutCollector
 from trace_rl.tree import read_jsonl, write_jsonl
 
-
-class ScriptedEngine:
-    """Samples each turn from a fixed menu of turn texts (searches, right and wrong answers).
-
-    Token ids come from the real tokenizer, log-probs are the log of the menu's uniform choice, so
-    the collector's bookkeeping can be checked exactly.
-    """
-
-    def __init__(self, tokenizer, turns: Sequence[str]) -> None:
-        self.tokenizer = tokenizer
-        self.turns = list(turns)
-        self.calls: list[tuple[int, int]] = []  # (prompts, n) per call
-
-    def generate(self, prompts, params: SamplingParams) -> list[list[Completion]]:
-        rng = np.random.default_rng(params.seed)
-        self.calls.append((len(prompts), params.n))
-        out = []
-        for _ in prompts:
-            group = []
-            for _ in range(params.n):
-                text = self.turns[int(rng.integers(len(self.turns)))]
-                ids = self.tokenizer.encode(text, add_special_tokens=False)
-                group.append(Completion(ids, [float(-np.log(len(self.turns)))] * len(ids), text, "stop"))
-            out.append(group)
-        return out
+from scripted_engine import ScriptedEngine
 
 
 @pytest.fixture(scope="module")

@@ -170,6 +170,10 @@ class ModelConfig:
     server_urls: list[str] = field(default_factory=list)
     max_batch_size: int = 64
     """Sequences the `hf` engine decodes together."""
+    cpu_threads: int = 1
+    """torch CPU threads. One is fastest for the tiny model (its ops are too small to split) and does
+    not collapse when other jobs share the cores, as busy-waiting worker threads do; raise it for
+    larger models on an idle machine."""
 
 
 @dataclass

@@ -84,6 +84,9 @@ def build_parts(config: RunConfig, *, progress: Callable[[int, float], None] | N
     from trace_rl.models import load_policy
     from trace_rl.train.sft import warm_start
 
+    import torch
+
+    torch.set_num_threads(config.model.cpu_threads)
     task = config.task
     train = load_taskset(task.name, split="train", num_tasks=task.train_tasks, seed=task.seed)
     test = load_taskset(task.name, split="test", num_tasks=task.test_tasks, seed=task.seed)

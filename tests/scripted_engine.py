@@ -1,0 +1,50 @@
+"""A scripted engine for collector and trainer tests: real token ids, turns chosen by a script."""
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from trace_rl.agent.types import Task
+from trace_rl.engine.base import Completion, SamplingParams
+
+
+class ScriptedEngine:
+    """Samples each turn from a fixed menu of turn texts (searches, right and wrong answers).
+
+    Token ids come from the real tokenizer, log-probs are the log of the menu's uniform choice, so
+    the collector's bookkeeping can be checked exactly. `menu_for(context)` may pick the menu from
+    the decoded context (for instance, offer the right answer of the question being asked).
+    """
+
+    def __init__(self, tokenizer, turns: Sequence[str] = (), *, menu_for: Callable[[str], Sequence[str]] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.menu_for = menu_for or (lambda context: turns)
+        self.calls: list[tuple[int, int]] = []  # (prompts, n) per call
+
+    def generate(self, prompts, params: SamplingParams) -> list[list[Completion]]:
+        rng = np.random.default_rng(params.seed)
+        self.calls.append((len(prompts), params.n))
+        out = []
+        for prompt in prompts:
+            menu = list(self.menu_for(self.tokenizer.decode(prompt)))
+            group = []
+            for _ in range(params.n):
+                text = menu[int(rng.integers(len(menu)))]
+                ids = self.tokenizer.encode(text, add_special_tokens=False)
+                group.append(Completion(ids, [float(-np.log(len(menu)))] * len(ids), text, "stop"))
+            out.append(group)
+        return out
+
+
+def coin_flip_answers(tasks: Sequence[Task]) -> Callable[[str], Sequence[str]]:
+    """A menu that searches once or answers, right or wrong with equal chance: mixed groups are common."""
+
+    def menu_for(context: str) -> Sequence[str]:
+        task = next(t for t in tasks if t.question in context)
+        return (
+            f"<think>look</think>\n<search>{task.meta.get('start', task.question)}</search>",
+            f"<think>sure</think>\n<answer>{task.answers[0]}</answer>",
+            "<think>guess</think>\n<answer>nobody</answer>",
+        )
+
+    return menu_for

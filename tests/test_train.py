@@ -1,0 +1,178 @@
+"""The trainer end to end: updates, logs, checkpoints, resume (in process and after SIGKILL), compare."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from trace_rl.agent.tasks import load_taskset
+from trace_rl.config import ConfigError, load_config
+from trace_rl.models import TinyConfig, load_policy
+from trace_rl.rollout import TreeRolloutCollector
+from trace_rl.run import Parts, RunConfig, build_env, build_predictor
+from trace_rl.train.compare import CompareConfig, run_compare
+from trace_rl.train.trainer import Trainer
+
+from scripted_engine import ScriptedEngine, coin_flip_answers
+
+REPO = Path(__file__).resolve().parents[1]
+TIMING = ("timing_s/",)
+
+
+def scripted_parts(config: RunConfig, cache: Path) -> Parts:
+    """Real tasks, env, tiny model, predictor and collector; the engine samples from a fixed menu of
+    turns holding right and wrong answers, so groups are mixed and the policy really updates."""
+    train = load_taskset("multihop", split="train", num_tasks=16, seed=0)
+    test = load_taskset("multihop", split="test", num_tasks=4, seed=0)
+    env = build_env(config, train)
+    texts = [p.text for p in train.corpus[:80]]
+    policy = load_policy("tiny", seed=config.seed, tokenizer_texts=texts, tiny=TinyConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, vocab_size=512), cache_dir=cache)
+    engine = ScriptedEngine(policy.tokenizer, menu_for=coin_flip_answers([*train.tasks, *test.tasks]))
+    predictor = build_predictor(config)
+    collector = TreeRolloutCollector(engine, policy.tokenizer, env, predictor, config.rollout, seed=config.seed)
+    return Parts(train=train, test=test, env=env, policy=policy, engine=engine, predictor=predictor, collector=collector)
+
+
+def small_config(**train) -> RunConfig:
+    overrides = [
+        "prompts_per_step=4",
+        "task.max_turns=3",
+        "rollout.budget=12",
+        "rollout.max_new_tokens=16",
+        "train.eval_every=2",
+        "train.eval_samples=2",
+        "train.micro_batch_size=4",
+        "train.lr=0.001",
+        *[f"train.{k}={v}" for k, v in train.items()],
+    ]
+    return load_config(RunConfig, None, overrides)
+
+
+def metrics_without_timing(run_dir: Path) -> list[dict]:
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in m.items() if not k.startswith(TIMING)} for m in lines]
+
+
+def test_training_updates_the_policy_and_writes_the_run_folder(tmp_path):
+    config = small_config(steps=2, checkpoint_every=1)
+    parts = scripted_parts(config, tmp_path / "cache")
+    before = [p.detach().clone() for p in parts.policy.model.parameters()]
+    trainer = Trainer(config, parts, tmp_path / "run")
+    history = trainer.run()
+    assert len(history) == 2
+    assert any(m["actor/grad_norm"] > 0 for m in history), "mixed groups must give a gradient"
+    assert any(not torch.equal(a, b) for a, b in zip(before, parts.policy.model.parameters()))
+    for m in history:
+        assert m["rollout/leaves"] == 12 and 0.0 <= m["tree/effective_ratio"] <= 1.0
+        assert 0.0 <= m["timing_s/allocation_overhead_share"] < 1.0
+    assert "val/accuracy_greedy" in history[-1] and "val/accuracy_sampled" in history[-1]
+    run = tmp_path / "run"
+    assert sorted(p.name for p in (run / "trees").iterdir()) == ["step_0001.jsonl", "step_0002.jsonl"]
+    assert (run / "checkpoints" / "latest").read_text() == "step_0002.pt"
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in logged] == [1, 2] and logged[0]["method"] == "trace"
+
+
+def test_resume_reaches_the_same_metrics_and_weights_as_an_unbroken_run(tmp_path):
+    cache = tmp_path / "cache"
+    config = small_config(steps=4, checkpoint_every=2)
+    unbroken = Trainer(config, scripted_parts(config, cache), tmp_path / "unbroken")
+    unbroken.run()
+
+    class Killed(Exception):
+        pass
+
+    def die_after_step_3(step, metrics):
+        if step == 3:  # logged, but the next checkpoint (step 4) is never written
+            raise Killed
+
+    first = Trainer(config, scripted_parts(config, cache), tmp_path / "broken")
+    with pytest.raises(Killed):
+        first.run(on_step=die_after_step_3)
+    resumed = Trainer(config, scripted_parts(config, cache), tmp_path / "broken")
+    assert resumed.load_checkpoint() == 2
+    resumed.run()
+
+    assert metrics_without_timing(tmp_path / "broken") == metrics_without_timing(tmp_path / "unbroken")
+    for a, b in zip(unbroken.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_a_run_killed_with_sigkill_resumes_to_the_same_metrics(tmp_path):
+    env = {**os.environ, "TRACE_RL_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(REPO / "src")}
+    overrides = ["train.steps=3", "train.checkpoint_every=1", "train.eval_every=0", "rollout.budget=8", "prompts_per_step=2"]
+    command = [sys.executable, "-m", "trace_rl", "train", "--config", str(REPO / "configs" / "smoke.yaml")]
+    subprocess.run([*command, "--out", str(tmp_path / "unbroken"), *overrides], env=env, check=True, capture_output=True, timeout=900)
+
+    killed = tmp_path / "killed"
+    process = subprocess.Popen([*command, "--out", str(killed), *overrides], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    latest = killed / "checkpoints" / "latest"
+    deadline = time.monotonic() + 600
+    while not (latest.exists() and latest.read_text() == "step_0002.pt"):
+        assert process.poll() is None, "the run ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    resumed = subprocess.run([*command[:3], "train", "--resume", str(killed)], env=env, check=True, capture_output=True, text=True, timeout=900)
+    assert json.loads(resumed.stdout.strip().splitlines()[-1])["steps"] == 3
+    assert metrics_without_timing(killed) == metrics_without_timing(tmp_path / "unbroken")
+
+
+def test_compare_trains_every_method_and_seed_and_writes_the_summary(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    trained = []
+
+    def train_one(run: RunConfig, run_dir: Path) -> None:
+        trained.append((run.rollout.method, run.seed))
+        Trainer(run, scripted_parts(run, cache), run_dir).run()
+
+    config = CompareConfig(methods=["grpo", "trace"], seeds=[0, 1], run=small_config(steps=2))
+    summary = run_compare(config, tmp_path / "cmp", train_one)
+    assert sorted(trained) == [("grpo", 0), ("grpo", 1), ("trace", 0), ("trace", 1)]
+    assert set(summary["methods"]) == {"grpo", "trace"}
+    for figures in summary["methods"].values():
+        assert {"effective_ratio", "mixed_budget_share", "final_accuracy", "final_accuracy_std", "rollouts", "tokens"} <= set(figures)
+        assert figures["rollouts"] == 2 * 12
+    assert json.loads((tmp_path / "cmp" / "summary.json").read_text())["methods"].keys() == {"grpo", "trace"}
+    assert "| trace |" in (tmp_path / "cmp" / "summary.md").read_text()
+    run_compare(config, tmp_path / "cmp", train_one)  # finished runs are not trained again
+    assert len(trained) == 4
+
+
+def test_dapo_resamples_until_its_groups_are_mixed_and_counts_every_rollout(tmp_path):
+    config = small_config(steps=1, dapo_max_rounds=3)
+    config.rollout.method = "dapo"
+    trainer = Trainer(config, scripted_parts(config, tmp_path / "cache"), tmp_path / "run")
+    metrics = trainer.train_step()
+    rounds = metrics["rollout/leaves"] / 12
+    assert rounds == int(rounds) and 1 <= rounds <= 3
+    assert metrics["rollout/dapo_kept_prompts"] <= 4
+
+
+def test_unknown_keys_and_values_are_refused_by_name():
+    with pytest.raises(ConfigError, match=r"unknown config key 'train.stpes'; did you mean 'steps'\?"):
+        load_config(RunConfig, None, ["train.stpes=3"])
+    with pytest.raises(ConfigError, match=r"rollout.method='tarce' is not accepted; did you mean 'trace'\?"):
+        load_config(RunConfig, None, ["rollout.method=tarce"])
+    with pytest.raises(ConfigError, match="advantage"):
+        load_config(RunConfig, None, ["train.advantage=grop"])
+
+
+def test_cli_reports_a_bad_key_without_a_traceback(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "trace_rl", "train", "--config", str(REPO / "configs" / "smoke.yaml"), "--out", str(tmp_path / "r"), "sft.stepz=1"],
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2
+    assert "unknown config key 'sft.stepz'; did you mean 'steps'?" in result.stderr
+    assert "Traceback" not in result.stderr
