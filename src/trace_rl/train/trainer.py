@@ -217,6 +217,8 @@ class Trainer:
             for chunk in np.array_split(order, min(cfg.mini_batches, len(order))):
                 mini = [sequences[i] for i in chunk]
                 denominator = float(sum(sum(s.weights[1:]) for s in mini))  # pad_batch drops token 0
+                if cfg.kl_coef == 0.0:  # zero-advantage tokens count in the token mean but add no gradient
+                    mini = [s for s in mini if any(s.advantages)]
                 sums = {"actor/pg_loss": 0.0, "actor/clipfrac": 0.0, "actor/kl": 0.0, "actor/ratio_mean": 0.0}
                 self.optimizer.zero_grad(set_to_none=True)
                 for first in range(0, len(mini), cfg.micro_batch_size):
