@@ -6,7 +6,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: venv test test-slow demo bench clean
+.PHONY: venv test test-slow demo compare bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -24,12 +24,20 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
 
+# Warm start (cached after the first run) + TRACE training of the tiny policy, then the HTML report.
 demo: $(STAMP)
-	$(BIN)/trace-rl bench allocation
+	rm -rf runs/demo
+	$(BIN)/trace-rl train --config configs/demo.yaml --out runs/demo
+	$(BIN)/trace-rl report runs/demo
+
+compare: $(STAMP)
+	$(BIN)/trace-rl compare --config configs/compare.yaml --out runs/compare
+	$(BIN)/trace-rl report runs/compare
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/allocate_speed.py
 	$(BIN)/trace-rl bench allocation --json
+	$(BIN)/python benchmarks/prefix_reuse.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

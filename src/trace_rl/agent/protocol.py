@@ -279,7 +279,7 @@ class TurnFormat:
     def _answer(self, content: str) -> tuple[ToolCall | None, str | None]:
         answer = _clean(content)
         if not answer:
-            return None, "empty answer: write it between <answer> and </answer>, e.g. <answer>Paris</answer>"
+            return None, "empty answer: write it between <answer> and </answer>, e.g. <answer> Paris </answer>"
         return ToolCall(ANSWER, {ANSWER_SPEC.argument: answer}), None
 
 
@@ -293,7 +293,9 @@ def _outside(text: str, span: tuple[int, int] | None, end: int) -> str:
 def _tag(name: str, value: str) -> str:
     if f"</{name}>" in value:
         raise ValueError(f"cannot write a {name!r} action whose text contains '</{name}>'")
-    return f"<{name}>{value}</{name}>"
+    # Spaces inside the tags, as in Search-R1's prompts ("<search> query </search>"): a name then
+    # tokenizes as it does mid-sentence in the question and observations, so copying it is easy.
+    return f"<{name}> {value} </{name}>"
 
 
 def _only_argument(call: ToolCall, argument: str) -> str:
@@ -327,7 +329,7 @@ class TagFormat(TurnFormat):
             lines.append(f"<{spec.name}>{placeholder}</{spec.name}>: {spec.description}")
         if tools:
             lines.append("The result of a tool comes back inside <information> </information>.")
-        lines.append("Put only the final answer inside <answer> </answer>, for example <answer>Paris</answer>.")
+        lines.append("Put only the final answer inside <answer> </answer>, for example <answer> Paris </answer>.")
         return "\n".join(lines)
 
     def stop_strings(self, tools: Sequence[ToolSpec]) -> tuple[str, ...]:
@@ -378,7 +380,7 @@ class JsonFormat(TurnFormat):
         )
         answer = (
             "To give the final answer and end the episode, put only the answer inside <answer> </answer>, "
-            "for example <answer>Paris</answer>."
+            "for example <answer> Paris </answer>."
         )
         if not tools:
             return f"{head}\n\n{answer}"
