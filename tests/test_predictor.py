@@ -17,6 +17,8 @@ from trace_rl.predictor import (
     natural_backup,
     rollout_starts,
 )
+from trace_rl.predictor.hashed import _fit_platt
+from trace_rl.sim import LatentTreeSimulator
 from trace_rl.tree import History, RolloutTree, Turn
 
 
@@ -84,7 +86,78 @@ def test_state_dict_is_a_copy() -> None:
     predictor = HashedNgramPredictor()
     state = predictor.state_dict()
     predictor.update(histories, y, None)
-    assert not state["weights"].any() and state["bias"] == 0.0
+    for model in ("shared", "root"):
+        assert not state[model]["weights"].any() and state[model]["bias"] == 0.0
+    assert state["replay"] == [] and state["calibration"] == [1.0, 0.0]
+    later = predictor.state_dict()
+    later["replay"][0]["targets"][:] = -1.0  # editing a state leaves the predictor alone
+    assert predictor.state_dict()["replay"][0]["targets"].min() >= 0.0
+
+
+def test_state_round_trip_carries_the_replay_buffer_and_the_calibration() -> None:
+    """Resuming mid-run must reproduce predictions and training exactly, so the state holds the
+    replayed root examples and the calibration's data, not just the weights."""
+    batches = [_toy(120, seed=s) for s in range(5)]
+    trained = HashedNgramPredictor(seed=2, replay_batches=2)
+    for histories, y in batches[:3]:
+        trained.update(histories, y, None)
+    state = trained.state_dict()
+    assert len(state["replay"]) == 2  # the roots of the last two updates, oldest first
+    assert state["replay"][-1]["prompts"] == [h.prompt for h in batches[2][0] if not h.turns]
+    assert len(state["calibration_data"]) == 2 and state["calibration"] != [1.0, 0.0]  # fitted from update 2 on
+    restored = HashedNgramPredictor(replay_batches=0, calibration_batches=0)  # the state's config wins
+    restored.load_state_dict(state)
+    for histories, y in batches[3:]:
+        np.testing.assert_array_equal(restored.predict(histories), trained.predict(histories))
+        assert restored.update(histories, y, None) == trained.update(histories, y, None)
+    np.testing.assert_array_equal(restored.predict(batches[0][0]), trained.predict(batches[0][0]))
+
+
+def test_load_state_dict_rejects_a_state_of_the_single_model_version() -> None:
+    old = {k: v for k, v in HashedNgramPredictor().state_dict().items() if k != "version"}
+    with pytest.raises(ValueError, match="version"):
+        HashedNgramPredictor().load_state_dict(old)
+
+
+def test_roots_are_answered_by_the_root_head_which_learns_from_roots_only() -> None:
+    histories, y = _toy(300, seed=0)
+    prefixes = [i for i, h in enumerate(histories) if h.turns]
+    roots = [History(h.prompt) for h in histories]
+    predictor = HashedNgramPredictor(seed=0)
+    predictor.update([histories[i] for i in prefixes], y[prefixes], None)
+    assert np.all(predictor.predict(roots) == 0.5)  # prefix examples never reach the root head
+    assert not np.all(predictor.predict([histories[i] for i in prefixes]) == 0.5)
+    predictor.update(roots, y, None)
+    p = predictor.predict(roots)
+    assert p[y == 1.0].min() > 0.5 > p[y == 0.0].max()
+
+
+def test_replay_trains_again_on_earlier_roots_and_is_bounded() -> None:
+    batches = [_toy(60, seed=s) for s in range(4)]
+    predictor = HashedNgramPredictor(replay_batches=2)
+    replayed = [predictor.update(h, y, None)["predictor/replayed"] for h, y in batches]
+    roots = [sum(not h.turns for h in histories) for histories, _ in batches]
+    assert replayed == [0.0, roots[0], roots[0] + roots[1], roots[1] + roots[2]]
+    none = HashedNgramPredictor(replay_batches=0)
+    assert [none.update(h, y, None)["predictor/replayed"] for h, y in batches] == [0.0] * 4
+    assert none.state_dict()["replay"] == []
+
+
+def test_platt_fit_recovers_a_known_slope_and_intercept() -> None:
+    z = np.random.default_rng(0).normal(0.0, 2.0, size=4000)
+    y = 1.0 / (1.0 + np.exp(-(0.7 * z - 0.3)))  # fractional targets: the exact probabilities
+    slope, intercept = _fit_platt(z, y, np.ones_like(z))
+    assert slope == pytest.approx(0.7, abs=0.02) and intercept == pytest.approx(-0.3, abs=0.02)
+    # The prior keeps a batch whose logits barely vary close to the identity instead of blowing up.
+    slope, intercept = _fit_platt(np.full(10, 0.5), np.ones(10), np.ones(10))
+    assert np.isfinite(slope) and np.isfinite(intercept)
+
+
+def test_calibration_can_be_switched_off() -> None:
+    predictor = HashedNgramPredictor(calibration_batches=0)
+    for s in range(3):
+        predictor.update(*_toy(60, seed=s), None)
+    assert predictor.calibration == (1.0, 0.0) and predictor.state_dict()["calibration_data"] == []
 
 
 def test_load_state_dict_rejects_a_foreign_state() -> None:
@@ -107,6 +180,10 @@ def test_update_rejects_bad_input() -> None:
         predictor.update(histories, y, np.array([1.0, -1.0, 1.0, 1.0]))
     with pytest.raises(ValueError, match="learning_rate"):
         HashedNgramPredictor(learning_rate=0.0)
+    with pytest.raises(ValueError, match="replay_batches"):
+        HashedNgramPredictor(replay_batches=-1)
+    with pytest.raises(ValueError, match="root_epochs"):
+        HashedNgramPredictor(root_epochs=0)
     assert np.all(predictor.predict(histories) == 0.5)  # nothing was learned from bad batches
 
 
@@ -122,6 +199,26 @@ def test_predicting_ten_thousand_fresh_histories_takes_well_under_a_second() -> 
     p = predictor.predict(histories)  # cold: every text is featurised for the first time
     assert time.process_time() - start < 1.0
     assert p.shape == (10_000,)
+
+
+def test_an_update_with_a_full_replay_buffer_takes_well_under_a_second() -> None:
+    """The benchmark's scale: 64 prompts and 384 leaves a batch, and 64 earlier batches of roots to replay."""
+    sim = LatentTreeSimulator(seed=0)
+    rng = np.random.default_rng(0)
+    trees = [sim.new_tree(p) for p in sim.sample_prompts(64, rng)]
+    for tree in trees:
+        for _ in range(6):
+            sim.rollout(tree, 0, rng)
+    batch = backup_targets(trees)
+    predictor = HashedNgramPredictor(max_ngram=1)
+    predictor.update(*batch)
+    state = predictor.state_dict()
+    state["replay"] = state["replay"] * 64  # a full buffer, without running 64 updates first
+    predictor.load_state_dict(state)
+    start = time.process_time()
+    metrics = predictor.update(*batch)
+    assert time.process_time() - start < 0.5
+    assert metrics["predictor/replayed"] == 64 * 64
 
 
 # ---------------------------------------------------------------- backup targets
