@@ -96,6 +96,8 @@ def test_resume_reaches_the_same_metrics_and_weights_as_an_unbroken_run(tmp_path
     first = Trainer(config, scripted_parts(config, cache), tmp_path / "broken")
     with pytest.raises(Killed):
         first.run(on_step=die_after_step_3)
+    with open(tmp_path / "broken" / "metrics.jsonl", "a") as handle:
+        handle.write('{"step": 4, "method": "tr')  # the kill also cut a line short
     resumed = Trainer(config, scripted_parts(config, cache), tmp_path / "broken")
     assert resumed.load_checkpoint() == 2
     resumed.run()

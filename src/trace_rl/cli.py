@@ -94,10 +94,11 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _last_metrics(run_dir) -> dict:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    from trace_rl.report.plots import read_metrics
+
     merged: dict = {}
-    for line in lines:  # evaluation figures may sit on an earlier line than the last step's
-        merged.update(json.loads(line))
+    for record in read_metrics(run_dir / "metrics.jsonl"):  # evaluation figures may sit on an earlier line
+        merged.update(record)
     return merged
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from trace_rl.report.plots import read_metrics
 from trace_rl.rollout import METHODS
 from trace_rl.run import RunConfig
 
@@ -64,13 +65,12 @@ def run_compare(
 
 
 def _finished(run_dir: Path, steps: int) -> bool:
-    metrics = run_dir / "metrics.jsonl"
-    return metrics.exists() and any(json.loads(line)["step"] >= steps for line in metrics.read_text().splitlines() if line)
+    return any(m["step"] >= steps for m in _run_metrics(run_dir))
 
 
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+def _run_metrics(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+    return read_metrics(path) if path.exists() else []
 
 
 def summarise(out: Path, config: CompareConfig) -> dict[str, Any]:
@@ -78,7 +78,7 @@ def summarise(out: Path, config: CompareConfig) -> dict[str, Any]:
     methods: dict[str, dict[str, float]] = {}
     curves: dict[str, list[tuple[float, float]]] = {}
     for method in config.methods:
-        runs = [read_metrics(out / method / f"seed_{seed}") for seed in config.seeds]
+        runs = [_run_metrics(out / method / f"seed_{seed}") for seed in config.seeds]
         runs = [r for r in runs if r]
         if not runs:
             continue

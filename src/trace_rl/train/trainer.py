@@ -30,6 +30,7 @@ from trace_rl.advantage import DEFAULT_ESTIMATOR, advantage_metrics, get_estimat
 from trace_rl.agent.types import Task
 from trace_rl.models import token_logprobs
 from trace_rl.predictor.base import backup_targets, brier_score, expected_calibration_error
+from trace_rl.report.plots import read_metrics
 from trace_rl.train.loss import policy_loss
 from trace_rl.train.sequences import TrainSequence, pad_batch, tree_sequences
 from trace_rl.tree import RolloutTree, tree_metrics, write_jsonl
@@ -308,9 +309,9 @@ class Trainer:
         self.totals = dict(state["totals"])
         self.step = int(state["step"])
         metrics_path = self.run_dir / "metrics.jsonl"
-        if metrics_path.exists():
-            kept = [line for line in metrics_path.read_text().splitlines() if line and json.loads(line)["step"] <= self.step]
-            _atomic_write(metrics_path, lambda tmp: Path(tmp).write_text("".join(line + "\n" for line in kept)))
+        if metrics_path.exists():  # drops the steps after the checkpoint, and a line the kill cut short
+            kept = [m for m in read_metrics(metrics_path) if m["step"] <= self.step]
+            _atomic_write(metrics_path, lambda tmp: Path(tmp).write_text("".join(json.dumps(m) + "\n" for m in kept)))
         return self.step
 
     def _open_writers(self) -> None:
