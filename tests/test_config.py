@@ -59,3 +59,16 @@ def test_non_mapping_file_is_rejected(tmp_path):
     path.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_config(Outer, path)
+
+
+@pytest.mark.parametrize("name", ["smoke", "demo", "compare"])
+def test_shipped_configs_load(name):
+    from pathlib import Path
+
+    from trace_rl.run import RunConfig
+    from trace_rl.train.compare import CompareConfig
+
+    path = Path(__file__).resolve().parents[1] / "configs" / f"{name}.yaml"
+    config = load_config(CompareConfig if name == "compare" else RunConfig, path)  # every key is known
+    run = config.run if name == "compare" else config
+    assert run.model.name == "tiny" and run.task.name == "multihop" and run.rollout.budget > 0
