@@ -178,3 +178,34 @@ def test_cli_reports_a_bad_key_without_a_traceback(tmp_path):
     assert result.returncode == 2
     assert "unknown config key 'sft.stepz'; did you mean 'steps'?" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _train_scripted(run: RunConfig, run_dir: Path) -> None:
+    """A compare worker (module level, so a spawned process can unpickle it)."""
+    Trainer(run, scripted_parts(run, run_dir.parents[2] / "cache"), run_dir).run()
+
+
+def test_compare_with_parallel_workers_gives_the_same_summary_as_one_at_a_time(tmp_path):
+    config = CompareConfig(methods=["grpo", "trace"], seeds=[0, 1], run=small_config(steps=2))
+    one = run_compare(config, tmp_path / "one" / "cmp", _train_scripted)
+    config.workers = 2
+    two = run_compare(config, tmp_path / "two" / "cmp", _train_scripted)
+    for method in ("grpo", "trace"):
+        for key in ("effective_ratio", "mixed_budget_share", "final_accuracy", "rollouts", "tokens"):
+            assert one["methods"][method][key] == two["methods"][method][key], (method, key)
+
+
+def test_eval_scores_a_runs_latest_checkpoint_or_the_starting_policy(tmp_path):
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "trace_rl"]
+    small = ["task.test_tasks=4", "rollout.budget=8", "prompts_per_step=2"]
+    subprocess.run([*command, "train", "--config", str(REPO / "configs" / "smoke.yaml"), "--out", str(run_dir), "train.steps=1", *small],
+                   check=True, capture_output=True, text=True, timeout=900)
+    trained = subprocess.run([*command, "eval", str(run_dir), "--samples", "2"], check=True, capture_output=True, text=True, timeout=900)
+    result = json.loads(trained.stdout.strip().splitlines()[-1])
+    assert result["step"] == 1 and result["tasks"] == 4 and result["samples"] == 2
+    assert 0.0 <= result["val/accuracy_greedy"] <= 1.0 and 0.0 <= result["val/accuracy_sampled"] <= 1.0
+    start = subprocess.run([*command, "eval", "--config", str(REPO / "configs" / "smoke.yaml"), *small], check=True, capture_output=True, text=True, timeout=900)
+    assert json.loads(start.stdout.strip().splitlines()[-1])["step"] == 0
+    missing = subprocess.run([*command, "eval", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert missing.returncode != 0 and "config.yaml" in missing.stderr and "Traceback" not in missing.stderr

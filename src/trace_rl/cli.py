@@ -72,18 +72,53 @@ def _train(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from trace_rl.config import load_config
     from trace_rl.progress import progress_bar
-    from trace_rl.run import train_run
+    from trace_rl.run import policy_source
     from trace_rl.train.compare import CompareConfig, run_compare, summary_table
 
     config = load_config(CompareConfig, args.config, args.overrides)
+    if config.workers > 1:
+        with progress_bar() as bar:  # the shared warm start, made once before the runs fan out
+            task = bar.task("warm start", total=config.run.sft.steps)
+            policy_source(config.run, progress=lambda step, loss: bar.update(task, step + 1, {"loss": loss}))
+        print(f"training {len(config.methods) * len(config.seeds)} runs, {config.workers} at a time; "
+              f"each run's progress is in its metrics.jsonl", file=sys.stderr)
+        summary = run_compare(config, args.out, _train_quietly)
+    else:
+        def train_one(run, run_dir):
+            _train_quietly(run, run_dir, bar=bar)
 
-    def train_one(run, run_dir):  # a run cut short earlier continues from its checkpoint
-        train_run(run, run_dir, resume=(run_dir / "checkpoints" / "latest").exists(), bar=bar)
-
-    with progress_bar() as bar:
-        summary = run_compare(config, args.out, train_one)
+        with progress_bar() as bar:
+            summary = run_compare(config, args.out, train_one)
     print(summary_table(summary), file=sys.stderr)
     print(json.dumps({"out": str(args.out), "methods": summary["methods"]}))
+    return 0
+
+
+def _train_quietly(run, run_dir, bar=None) -> None:
+    """One comparison run; a run cut short earlier continues from its checkpoint."""
+    from trace_rl.run import train_run
+
+    train_run(run, run_dir, resume=(run_dir / "checkpoints" / "latest").exists(), bar=bar)
+    print(f"finished {run_dir}", file=sys.stderr, flush=True)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from trace_rl.config import load_config
+    from trace_rl.run import RunConfig, evaluate_policy
+
+    if args.run_dir and "=" in args.run_dir and not Path(args.run_dir).exists():
+        args.overrides.insert(0, args.run_dir)  # `eval --config F key=value`: argparse filled RUN_DIR first
+        args.run_dir = None
+    if args.run_dir and args.config:
+        raise ConfigError("give RUN_DIR (its latest checkpoint) or --config FILE (the starting policy), not both")
+    if not args.run_dir and not args.config:
+        raise ConfigError("give RUN_DIR (its latest checkpoint) or --config FILE (the starting policy)")
+    run_dir = Path(args.run_dir) if args.run_dir else None
+    config = load_config(RunConfig, run_dir / "config.yaml" if run_dir else args.config, args.overrides)
+    result = evaluate_policy(config, run_dir, samples=args.samples)
+    print(json.dumps({"run_dir": None if run_dir is None else str(run_dir), **result}))
     return 0
 
 
@@ -131,6 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--out", required=True, help="folder for the runs and summary.json")
     compare.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. run.train.steps=5")
     compare.set_defaults(func=_compare)
+
+    evaluate = commands.add_parser("eval", help="held-out accuracy (greedy and sampled) of a run's latest checkpoint")
+    evaluate.add_argument("run_dir", nargs="?", help="a run folder (its config.yaml and latest checkpoint)")
+    evaluate.add_argument("--config", help="evaluate the starting (warm-started) policy of this config instead")
+    evaluate.add_argument("--samples", type=int, default=None, help="sampled rollouts per task (default: train.eval_samples)")
+    evaluate.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. task.test_tasks=128")
+    evaluate.set_defaults(func=_eval)
 
     report = commands.add_parser("report", help="write RUN_DIR/report.html: tables, plots, rollout tree viewer")
     report.add_argument("run_dir", help="a run folder (train) or a comparison folder (compare)")

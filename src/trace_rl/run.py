@@ -21,8 +21,8 @@ from trace_rl.predictor.base import SuccessPredictor
 from trace_rl.predictor.hashed import HashedNgramPredictor
 from trace_rl.predictor.history import PromptHistoryPredictor
 from trace_rl.rollout import RolloutConfig, TreeRolloutCollector
-from trace_rl.train.sft import SFTConfig
-from trace_rl.train.trainer import TrainConfig, Trainer
+from trace_rl.train.sft import SFTConfig, warm_start
+from trace_rl.train.trainer import TrainConfig, Trainer, held_out_accuracy
 
 
 @dataclass
@@ -82,8 +82,6 @@ def build_parts(config: RunConfig, *, progress: Callable[[int, float], None] | N
     from trace_rl.engine.hf import HFEngine
     from trace_rl.engine.openai_server import OpenAIEngine
     from trace_rl.models import load_policy
-    from trace_rl.train.sft import warm_start
-
     import torch
 
     torch.set_num_threads(config.model.cpu_threads)
@@ -92,11 +90,7 @@ def build_parts(config: RunConfig, *, progress: Callable[[int, float], None] | N
     test = load_taskset(task.name, split="test", num_tasks=task.test_tasks, seed=task.seed)
     env = build_env(config, train)
     model = config.model
-    name = model.name
-    if model.warm_start:
-        name = str(warm_start(model.name, train, env, config.sft, seed=config.seed, progress=progress))
-    elif name == "tiny":
-        raise ValueError("model.name=tiny needs model.warm_start=true: an untrained tiny model cannot use the tools")
+    name = policy_source(config, train, env, progress=progress)
     policy = load_policy(name, seed=config.seed, dtype=model.dtype, device=model.device)
     if model.engine == "openai":
         if not model.server_urls:
@@ -107,6 +101,41 @@ def build_parts(config: RunConfig, *, progress: Callable[[int, float], None] | N
     predictor = build_predictor(config)
     collector = TreeRolloutCollector(engine, policy.tokenizer, env, predictor, config.rollout, seed=config.seed)
     return Parts(train=train, test=test, env=env, policy=policy, engine=engine, predictor=predictor, collector=collector)
+
+
+def policy_source(
+    config: RunConfig,
+    train: TaskSet | None = None,
+    env: ToolEnv | None = None,
+    *,
+    progress: Callable[[int, float], None] | None = None,
+) -> str:
+    """What `load_policy` loads for this run: the warm-started folder (made now if not cached) or `model.name`."""
+    if not config.model.warm_start:
+        if config.model.name == "tiny":
+            raise ValueError("model.name=tiny needs model.warm_start=true: an untrained tiny model cannot use the tools")
+        return config.model.name
+    if train is None:
+        train = load_taskset(config.task.name, split="train", num_tasks=config.task.train_tasks, seed=config.task.seed)
+    return str(warm_start(config.model.name, train, env or build_env(config, train), config.sft, progress=progress))
+
+
+def evaluate_policy(config: RunConfig, run_dir: str | Path | None = None, *, samples: int | None = None) -> dict[str, Any]:
+    """Held-out accuracy of a run's latest checkpoint (or, without `run_dir`, of its starting policy)."""
+    import torch
+
+    parts = build_parts(config)
+    step = 0
+    if run_dir is not None:
+        folder = Path(run_dir) / "checkpoints"
+        if not (folder / "latest").exists():
+            raise FileNotFoundError(f"{run_dir} has no checkpoint to evaluate ({folder / 'latest'} is missing)")
+        state = torch.load(folder / (folder / "latest").read_text().strip(), weights_only=False)
+        parts.policy.model.load_state_dict(state["model"])
+        step = int(state["step"])
+    samples = config.train.eval_samples if samples is None else samples
+    figures = held_out_accuracy(parts.collector, parts.test.tasks, samples)
+    return {"step": step, "tasks": len(parts.test.tasks), "samples": samples, **figures}
 
 
 def train_run(config: RunConfig, run_dir: str | Path, *, resume: bool = False, bar: Any = None) -> Trainer:

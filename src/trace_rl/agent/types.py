@@ -52,6 +52,12 @@ Oracles must act on what the tools return (for example read the bridge entity ou
 result), never on the gold answer alone, so that solving a task proves tools and scorer agree.
 """
 
+Rationale = Callable[[Task, Sequence[tuple[ToolCall, str]]], str]
+"""Why the oracle takes its next action, in words a policy can imitate (a demonstration's thought).
+
+Like the oracle, it reads only the task and the tool results so far; "" when there is nothing to say.
+"""
+
 
 @dataclass
 class TaskSet:
@@ -61,4 +67,5 @@ class TaskSet:
     tasks: list[Task]
     corpus: list[Passage] = field(default_factory=list)
     oracle: OraclePolicy | None = None
+    rationale: Rationale | None = None
     meta: dict[str, Any] = field(default_factory=dict)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import copy
 import json
+import multiprocessing
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,9 @@ class CompareConfig:
     """The held-out accuracy the table reports (`val/accuracy_greedy` or `val/accuracy_sampled`)."""
     run: RunConfig = field(default_factory=RunConfig)
     """The shared run config; `run.rollout.method` and `run.seed` are set per run."""
+    workers: int = 1
+    """Runs trained at once, each in its own process. Each run uses `run.model.cpu_threads` threads,
+    so on an idle machine `workers × cpu_threads` up to the core count is close to linear."""
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in METHODS]
@@ -38,6 +43,8 @@ class CompareConfig:
             raise ValueError(f"methods must be a non-empty list of {', '.join(METHODS)}; unknown: {unknown}")
         if not self.seeds:
             raise ValueError("seeds must not be empty")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers!r}")
         if self.accuracy not in ("val/accuracy_greedy", "val/accuracy_sampled"):
             raise ValueError(f"accuracy must be val/accuracy_greedy or val/accuracy_sampled, got {self.accuracy!r}")
 
@@ -47,17 +54,29 @@ def run_compare(
     out: str | Path,
     train_one: Callable[[RunConfig, Path], None],
 ) -> dict[str, Any]:
-    """Train every (method, seed) with `train_one(config, run_dir)` (skipping finished runs), then summarise."""
+    """Train every (method, seed) with `train_one(config, run_dir)` (skipping finished runs), then summarise.
+
+    With `config.workers > 1` the runs go to that many processes, each calling `train_one`, which
+    must then be picklable (a module-level function); make any shared warm start before calling.
+    """
     out = Path(out)
+    pending = []
     for method in config.methods:
         for seed in config.seeds:
             run_dir = out / method / f"seed_{seed}"
             run = copy.deepcopy(config.run)
             run.rollout.method = method  # type: ignore[assignment]
             run.seed = seed
-            if _finished(run_dir, run.train.steps):
-                continue
+            if not _finished(run_dir, run.train.steps):
+                pending.append((run, run_dir))
+    if config.workers == 1:
+        for run, run_dir in pending:
             train_one(run, run_dir)
+    else:
+        context = multiprocessing.get_context("spawn")  # no forked torch threads or open files
+        with ProcessPoolExecutor(max_workers=config.workers, mp_context=context) as pool:
+            for future in [pool.submit(train_one, run, run_dir) for run, run_dir in pending]:
+                future.result()  # the first failed run raises here, naming its error
     summary = summarise(out, config)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "summary.md").write_text(summary_table(summary))

@@ -18,7 +18,7 @@ import copy
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -89,6 +89,19 @@ class TrainConfig:
             raise ValueError("lr must be > 0 and clip_low, clip_high, kl_coef >= 0")
         if self.advantage is not None:
             get_estimator(self.advantage)  # raises with the nearest name
+
+
+def held_out_accuracy(collector: Any, tasks: Sequence[Task], samples: int) -> dict[str, float]:
+    """Greedy accuracy (one rollout per task) and sampled accuracy (`samples` per task, at the
+    collector's temperature)."""
+    begin = time.perf_counter()
+    greedy = collector.sample(tasks, 1, temperature=0.0)
+    sampled = collector.sample(tasks, samples)
+    return {
+        "val/accuracy_greedy": float(np.mean([t.leaf_rewards().mean() for t in greedy])),
+        "val/accuracy_sampled": float(np.mean([t.leaf_rewards().mean() for t in sampled])),
+        "timing_s/eval": time.perf_counter() - begin,
+    }
 
 
 class Trainer:
@@ -260,16 +273,7 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation
 
     def evaluate(self) -> dict[str, float]:
-        """Held-out accuracy: greedy (one rollout per task) and sampled (`eval_samples` per task)."""
-        tasks = self.parts.test.tasks
-        begin = time.perf_counter()
-        greedy = self.parts.collector.sample(tasks, 1, temperature=0.0)
-        sampled = self.parts.collector.sample(tasks, self.cfg.eval_samples)
-        return {
-            "val/accuracy_greedy": float(np.mean([t.leaf_rewards().mean() for t in greedy])),
-            "val/accuracy_sampled": float(np.mean([t.leaf_rewards().mean() for t in sampled])),
-            "timing_s/eval": time.perf_counter() - begin,
-        }
+        return held_out_accuracy(self.parts.collector, self.parts.test.tasks, self.cfg.eval_samples)
 
     # ------------------------------------------------------------------ checkpoints and logs
 

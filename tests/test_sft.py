@@ -1,0 +1,149 @@
+"""The warm start: demonstrations and their thoughts, the loss mask, the copy-ready init, the cache."""
+
+import re
+
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from trace_rl.agent.agents import OracleAgent, run_episode
+from trace_rl.agent.tasks import load_taskset
+from trace_rl.agent.tasks.multihop import RELATIONS, read_fact
+from trace_rl.models import TinyConfig, load_policy, token_logprobs
+from trace_rl.rollout import encode_prompt
+from trace_rl.run import RunConfig, build_env
+from trace_rl.train.sft import (
+    SFTConfig,
+    copy_ready_init,
+    demonstrations,
+    episode_tokens,
+    length_batches,
+    masked_nll,
+    pad_batch,
+    sft_stats,
+    warm_start,
+)
+
+THOUGHT = re.compile(r"<think>(.*?)</think>")
+
+
+@pytest.fixture(scope="module")
+def multihop():
+    taskset = load_taskset("multihop", split="test", num_tasks=60)
+    return taskset, build_env(RunConfig(), taskset)
+
+
+def small_policy(taskset, tmp_path):
+    texts = [p.text for p in taskset.corpus[:80]] + [t.question for t in taskset.tasks]
+    config = TinyConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, vocab_size=512)
+    return load_policy("tiny", seed=0, tokenizer_texts=texts, tiny=config, cache_dir=tmp_path)
+
+
+def test_multihop_rationale_states_the_fact_whose_object_the_oracle_writes_next(multihop):
+    taskset, env = multihop
+    checked = 0
+    for task in taskset.tasks:
+        episode = run_episode(env, task, OracleAgent(taskset.oracle, env.format))
+        history = [(step.info.call, step.info.observation) for step in episode.steps]
+        relations, chain = task.meta["relations"], task.meta["chain"]
+        assert taskset.rationale(task, []) == ""  # the start entity is in the question
+        for made, (call, _) in enumerate(history):
+            why = taskset.rationale(task, history[:made])
+            obj = next(iter(call.arguments.values()))
+            if obj not in chain[1:]:
+                continue  # the first search, or a retry with extra keywords
+            hop = chain.index(obj)
+            tail = RELATIONS[relations[hop - 1]].sentences[0].split("{o}")[1]  # "." or " kilometres long."
+            assert read_fact(f"{why} {obj}{tail}", chain[hop - 1], relations[hop - 1]) == obj, (why, obj)
+            assert why.count(chain[hop - 1]) == 1
+            checked += 1
+    assert checked >= 100
+
+
+def test_clean_demonstrations_count_their_steps_and_state_each_fact(multihop):
+    taskset, env = multihop
+    episodes = demonstrations(taskset, env, SFTConfig(demos=60, mistake_prob=0.0), seed=0)
+    clean = [e for e in episodes if e.reward == 1.0 and e.num_turns == e.task.meta["hops"] + 1]
+    assert len(clean) >= 50
+    for episode in clean:
+        hops, chain = episode.task.meta["hops"], episode.task.meta["chain"]
+        thoughts = [THOUGHT.search(action).group(1) for action in episode.actions]
+        assert thoughts[0] == f"Step 1 of {hops}."
+        for step, thought in enumerate(thoughts[1:-1], start=2):
+            assert thought.startswith(f"Step {step} of {hops}: ") and chain[step - 2] in thought
+        assert thoughts[-1].startswith("Done: ") and chain[-2] in thoughts[-1]
+
+
+def test_mistakes_appear_at_about_the_configured_rate(multihop):
+    taskset, env = multihop
+    episodes = demonstrations(taskset, env, SFTConfig(demos=60, mistake_prob=0.3), seed=1)
+    thoughts = [THOUGHT.search(a).group(1) for e in episodes for a in e.actions]
+    random_moves = sum(not (t.startswith("Step ") or t.startswith("Done")) for t in thoughts)
+    assert 0.15 < random_moves / len(thoughts) < 0.45
+    assert 0.3 < np.mean([e.reward for e in episodes]) < 1.0
+
+
+def test_episode_tokens_mask_exactly_the_policy_turns(multihop, tmp_path):
+    taskset, env = multihop
+    policy = small_policy(taskset, tmp_path)
+    episode = demonstrations(taskset, env, SFTConfig(demos=1, mistake_prob=0.0), seed=0)[0]
+    ids, mask = episode_tokens(policy.tokenizer, env, episode)
+    prompt = encode_prompt(policy.tokenizer, env, episode.task)
+    assert ids[: len(prompt)] == prompt and not any(mask[: len(prompt)])
+    policy_text = policy.tokenizer.decode([i for i, m in zip(ids, mask) if m])
+    assert policy_text.replace(" ", "") == "".join(episode.actions).replace(" ", "")
+    observations = policy.tokenizer.decode([i for i, m in zip(ids[len(prompt):], mask[len(prompt):]) if not m])
+    assert "<information>" in observations and "<think>" not in observations
+
+
+def test_masked_nll_is_the_mean_over_masked_tokens_only(multihop, tmp_path):
+    policy = small_policy(multihop[0], tmp_path)
+    torch.manual_seed(0)
+    sequences = [([5, 9, 14, 7, 30, 2], [0, 0, 1, 1, 0, 1]), ([8, 3, 11], [0, 1, 1])]
+    ids, attention, loss_mask = pad_batch(sequences)
+    assert ids.shape == (2, 6) and attention[1].tolist() == [1, 1, 1, 0, 0, 0] and loss_mask[1, 3:].sum() == 0
+    loss = masked_nll(policy.model, ids, attention, loss_mask)
+    logp = token_logprobs(policy.model, ids, attention)
+    expected = -(logp[0, 1] + logp[0, 2] + logp[0, 4] + logp[1, 0] + logp[1, 1]) / 5
+    assert torch.allclose(loss, expected, atol=1e-6)
+
+
+def test_copy_ready_init_adds_an_orthogonal_identity_to_each_value_output_product(multihop, tmp_path):
+    model = small_policy(multihop[0], tmp_path).model
+    before = [(l.self_attn.v_proj.weight.clone(), l.self_attn.o_proj.weight.clone()) for l in model.model.layers]
+    copy_ready_init(model, seed=3)
+    for layer, (value, output) in zip(model.model.layers, before):
+        added_value = layer.self_attn.v_proj.weight - value
+        added_output = layer.self_attn.o_proj.weight - output
+        assert torch.allclose(added_output @ added_value, torch.eye(value.shape[1]), atol=1e-5)
+    grouped = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                           num_attention_heads=4, num_key_value_heads=2))
+    with pytest.raises(ValueError, match="key/value heads"):
+        copy_ready_init(grouped, seed=0)
+
+
+def test_length_batches_cover_every_sequence_once_per_epoch_in_batches_of_similar_length():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(100, 900, size=200)
+    batches = length_batches(lengths, 8, np.random.default_rng(1))
+    epoch = [next(batches) for _ in range(25)]
+    assert sorted(i for batch in epoch for i in batch) == list(range(200))
+    spread = np.mean([np.ptp(lengths[batch]) for batch in epoch])
+    assert spread < 0.5 * np.ptp(lengths)
+
+
+def test_warm_start_is_trained_once_and_reused_until_its_recipe_changes(tmp_path):
+    train = load_taskset("multihop", split="train", num_tasks=40)
+    env = build_env(RunConfig(), train)
+    config = SFTConfig(demos=8, steps=3, batch_size=4, warmup_steps=1)
+    steps: list[int] = []
+    folder = warm_start("tiny", train, env, config, cache_dir=tmp_path, progress=lambda step, loss: steps.append(step))
+    assert steps == [0, 1, 2]
+    stats = sft_stats(folder)
+    assert stats["sft/steps"] == 3 and np.isfinite(stats["sft/final_loss"])
+    assert warm_start("tiny", train, env, config, cache_dir=tmp_path, progress=lambda *a: steps.append(-1)) == folder
+    assert steps == [0, 1, 2]  # the second call trained nothing
+    other = warm_start("tiny", train, env, SFTConfig(demos=8, steps=3, batch_size=4, warmup_steps=1, seed=1), cache_dir=tmp_path)
+    assert other != folder
+    assert load_policy(folder).model.config.num_hidden_layers == TinyConfig().num_layers
