@@ -147,13 +147,14 @@ def _first_reach(curve: list[tuple[float, float]], target: float) -> float:
 
 def summary_table(summary: dict[str, Any]) -> str:
     """The comparison as a Markdown table."""
-    header = "| method | effective ratio | effective / candidate | budget share in mixed groups | final accuracy (± std) | rollouts | rollouts to baseline accuracy |"
-    lines = [header, "|" + "---|" * 7]
+    header = ("| method | effective ratio | effective / candidate | budget share in mixed groups | final accuracy (± std) "
+              "| rollouts | rollouts to baseline accuracy | allocation + predictor share of step time |")
+    lines = [header, "|" + "---|" * 8]
     for method, f in summary["methods"].items():
         reach = f.get("rollouts_to_baseline_accuracy", float("nan"))
         lines.append(
             f"| {method} | {f['effective_ratio']:.3f} | {f['effective_per_candidate']:.3f} | {f['mixed_budget_share']:.3f} "
             f"| {f['final_accuracy']:.3f} ± {f['final_accuracy_std']:.3f} | {f['rollouts']:.0f} "
-            f"| {'—' if np.isnan(reach) else f'{reach:.0f}'} |"
+            f"| {'—' if np.isnan(reach) else f'{reach:.0f}'} | {f['allocation_overhead_share']:.2%} |"
         )
     return "\n".join(lines) + "\n"
