@@ -82,10 +82,10 @@ def _compare(args: argparse.Namespace) -> int:
             policy_source(config.run, progress=lambda step, loss: bar.update(task, step + 1, {"loss": loss}))
         print(f"training {len(config.methods) * len(config.seeds)} runs, {config.workers} at a time; "
               f"each run's progress is in its metrics.jsonl", file=sys.stderr)
-        summary = run_compare(config, args.out, _train_quietly)
+        summary = run_compare(config, args.out, _train_compare_run)
     else:
         def train_one(run, run_dir):
-            _train_quietly(run, run_dir, bar=bar)
+            _train_compare_run(run, run_dir, bar=bar)
 
         with progress_bar() as bar:
             summary = run_compare(config, args.out, train_one)
@@ -94,7 +94,7 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train_quietly(run, run_dir, bar=None) -> None:
+def _train_compare_run(run, run_dir, bar=None) -> None:
     """One comparison run; a run cut short earlier continues from its checkpoint."""
     from trace_rl.run import train_run
 

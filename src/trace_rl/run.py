@@ -22,7 +22,7 @@ from trace_rl.predictor.hashed import HashedNgramPredictor
 from trace_rl.predictor.history import PromptHistoryPredictor
 from trace_rl.rollout import RolloutConfig, TreeRolloutCollector
 from trace_rl.train.sft import SFTConfig, warm_start
-from trace_rl.train.trainer import TrainConfig, Trainer, held_out_accuracy
+from trace_rl.train.trainer import TrainConfig, Trainer, held_out_accuracy, latest_checkpoint
 
 
 @dataclass
@@ -127,10 +127,7 @@ def evaluate_policy(config: RunConfig, run_dir: str | Path | None = None, *, sam
     parts = build_parts(config)
     step = 0
     if run_dir is not None:
-        folder = Path(run_dir) / "checkpoints"
-        if not (folder / "latest").exists():
-            raise FileNotFoundError(f"{run_dir} has no checkpoint to evaluate ({folder / 'latest'} is missing)")
-        state = torch.load(folder / (folder / "latest").read_text().strip(), weights_only=False)
+        state = torch.load(latest_checkpoint(run_dir), weights_only=False)
         parts.policy.model.load_state_dict(state["model"])
         step = int(state["step"])
     samples = config.train.eval_samples if samples is None else samples

@@ -104,6 +104,14 @@ def held_out_accuracy(collector: Any, tasks: Sequence[Task], samples: int) -> di
     }
 
 
+def latest_checkpoint(run_dir: str | Path) -> Path:
+    """The checkpoint file `checkpoints/latest` points at; FileNotFoundError, naming it, if there is none."""
+    pointer = Path(run_dir) / "checkpoints" / "latest"
+    if not pointer.exists():
+        raise FileNotFoundError(f"{run_dir} has no checkpoint ({pointer} is missing)")
+    return pointer.parent / pointer.read_text().strip()
+
+
 class Trainer:
     """Owns a run folder and the parts of a run; `run()` trains to `config.train.steps`."""
 
@@ -299,11 +307,7 @@ class Trainer:
 
     def load_checkpoint(self) -> int:
         """Restore the latest checkpoint and cut `metrics.jsonl` back to it; returns its step."""
-        folder = self.run_dir / "checkpoints"
-        pointer = folder / "latest"
-        if not pointer.exists():
-            raise FileNotFoundError(f"{self.run_dir} has no checkpoint to resume from ({pointer} is missing)")
-        state = torch.load(folder / pointer.read_text().strip(), weights_only=False)
+        state = torch.load(latest_checkpoint(self.run_dir), weights_only=False)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.parts.predictor.load_state_dict(state["predictor"])
