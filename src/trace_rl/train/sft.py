@@ -19,7 +19,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -232,8 +232,8 @@ def env_transcript(taskset: TaskSet, env: ToolEnv) -> str:
     The env's search `topk`, observation cuts, prompt and format, and the demonstrations' thoughts
     all change this text, and none of them is otherwise visible from outside (a tool is a closure).
     """
-    return demonstrations(TaskSet(taskset.name, taskset.tasks[:1], taskset.corpus, taskset.oracle, taskset.rationale),
-                          copy.copy(env), SFTConfig(demos=1, mistake_prob=0.0), seed=0)[0].context
+    first = replace(taskset, tasks=taskset.tasks[:1])
+    return demonstrations(first, copy.copy(env), SFTConfig(demos=1, mistake_prob=0.0), seed=0)[0].context
 
 
 def sft_stats(folder: str | Path) -> dict[str, float]:
@@ -311,25 +311,6 @@ def masked_nll(model: Any, ids: torch.Tensor, attention: torch.Tensor, loss_mask
     return -(logp * target).sum() / target.sum().clamp(min=1.0)
 
 
-def _optimise(model: Any, sequences: Sequences, config: SFTConfig, optimizer: Any, scheduler: Any,
-              batches: Iterator[list[int]], progress: Callable[[int, float], None] | None) -> tuple[list[float], int]:
-    device = next(model.parameters()).device
-    losses, tokens = [], 0
-    for step in range(config.steps):
-        ids, attention, loss_mask = pad_batch([sequences[i] for i in next(batches)])
-        tokens += ids.numel()
-        loss = masked_nll(model, ids.to(device), attention.to(device), loss_mask.to(device))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        losses.append(loss.item())
-        if progress is not None:
-            progress(step, losses[-1])
-    return losses, tokens
-
-
 def train_sft(
     model: Any,
     sequences: Sequences,
@@ -359,7 +340,18 @@ def train_sft(
     # than the 1 thread that suits decoding (`model.cpu_threads`).
     torch.set_num_threads(os.cpu_count() or threads)
     try:
-        losses, tokens = _optimise(model, sequences, config, optimizer, scheduler, batches, progress)
+        for step in range(config.steps):
+            ids, attention, loss_mask = pad_batch([sequences[i] for i in next(batches)])
+            tokens += ids.numel()
+            loss = masked_nll(model, ids.to(device), attention.to(device), loss_mask.to(device))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            losses.append(loss.item())
+            if progress is not None:
+                progress(step, losses[-1])
     finally:
         torch.set_num_threads(threads)
     model.eval()

@@ -604,7 +604,7 @@ def multihop_rationale(task: Task, history: Sequence[tuple[ToolCall, str]]) -> s
     read and then copy its object, which is where a small model otherwise fails; "" before the first
     search (the start entity is in the question).
     """
-    hop, current, previous, _ = _progress(task, history)
+    hop, _, previous, _ = _progress(task, history)
     if hop == 0:
         return ""
     sentence = RELATIONS[task.meta["relations"][hop - 1]].sentences[0]
