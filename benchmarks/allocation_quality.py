@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from trace_rl.bench import METHODS, run_benchmark, summary_table
+from trace_rl.bench import ROWS, run_benchmark, summary_table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,15 +25,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stage1-share", type=float, help="share of the budget in Stage 1 (default 0.5)")
     parser.add_argument("--budget", type=int, help="leaves per batch (default 384)")
     parser.add_argument("--prompts-per-batch", type=int, help="candidate prompts per batch (default 64)")
-    parser.add_argument("--noise", type=float, help="log-odds noise of trace_noisy (default 1.0)")
+    parser.add_argument("--noise", type=float, help="log-odds noise of the @noisy rows (default 1.0)")
     parser.add_argument("--workers", type=int, help="processes running seeds side by side (default 2)")
-    parser.add_argument("--methods", nargs="+", choices=METHODS, help="methods to run (default: all)")
+    parser.add_argument("--methods", nargs="+", help=f"rows to run, `method` or `method@oracle|topic|noisy` (default: {' '.join(ROWS)})")
     parser.add_argument("--table", action="store_true", help="also print a table to stderr")
     args = vars(parser.parse_args(argv))
     table = args.pop("table")
     result = run_benchmark(**args)  # None keeps a default
     if table:
-        summary_table(result, file=sys.stderr)
+        print(summary_table(result), file=sys.stderr)
     print(json.dumps(result))
     return 0
 

@@ -16,10 +16,16 @@ class ScriptedEngine:
     the decoded context (for instance, offer the right answer of the question being asked).
     """
 
+    accepts_weights = True
+
     def __init__(self, tokenizer, turns: Sequence[str] = (), *, menu_for: Callable[[str], Sequence[str]] | None = None) -> None:
         self.tokenizer = tokenizer
         self.menu_for = menu_for or (lambda context: turns)
         self.calls: list[tuple[int, int]] = []  # (prompts, n) per call
+        self.weight_version = 0
+
+    def update_weights(self, model, *, version: int) -> None:
+        self.weight_version = version  # the menu does not depend on the weights
 
     def generate(self, prompts, params: SamplingParams) -> list[list[Completion]]:
         rng = np.random.default_rng(params.seed)

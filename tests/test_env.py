@@ -245,15 +245,35 @@ def _mixed_actions(fmt: str) -> list[str]:
 
 
 def assert_branching_is_exact(env: ToolEnv, task: Task, actions: Sequence[str]) -> list[StepResult]:
-    """For every intermediate prefix, restore() then continuing equals the unbroken run."""
+    """For every intermediate prefix, replay() then continuing equals the unbroken run."""
     unbroken = check_env(env, task, actions)
     full_context = env.context
     for t in range(len(actions)):
-        env.restore(task, actions[:t], seed=0)
+        env.replay(task, actions[:t], seed=0)
         assert list(env.steps) == unbroken[:t]
         [env.step(a) for a in actions[t:]]
         assert env.context == full_context
     return unbroken
+
+
+def test_check_env_catches_a_spawned_env_that_forgets_a_setting():
+    class Forgetful(ToolEnv):
+        def spawn(self) -> ToolEnv:
+            return ToolEnv(self.tools, turn_format="json", scorer=self.scorer)  # the turn format is lost
+
+    env = Forgetful(build_tools(["search", "calculator"], corpus=CORPUS), scorer=exact)
+    with pytest.raises(AssertionError, match="after 0 actions in a spawned env differs"):
+        check_env(env, TASKS[0], oracle_actions(make_env(), TASKS[0]))
+
+
+def test_spawned_envs_run_their_own_episodes():
+    env = make_env()
+    env.reset(TASKS[0])
+    first = env.step(oracle_actions(make_env(), TASKS[0])[0])
+    other = env.spawn()
+    assert other.task is None and other.done
+    other.reset(TASKS[1])
+    assert env.task == TASKS[0] and env.steps == (first,)
 
 
 def test_check_env_catches_an_env_whose_replay_differs():
@@ -273,7 +293,7 @@ def test_check_env_catches_an_env_whose_replay_differs():
 
 
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
-def test_restore_then_continue_matches_the_unbroken_run_for_every_prefix(fmt):
+def test_replay_then_continue_matches_the_unbroken_run_for_every_prefix(fmt):
     env = make_env(fmt)
     for task in TASKS:
         assert_branching_is_exact(env, task, oracle_actions(env, task))
@@ -284,22 +304,22 @@ def test_restore_then_continue_matches_the_unbroken_run_for_every_prefix(fmt):
 
 
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
-def test_restore_on_a_fresh_env_matches_the_original(fmt):
+def test_replay_on_a_fresh_env_matches_the_original(fmt):
     actions = _mixed_actions(fmt)
     env = make_env(fmt)
     env.reset(TASKS[1])
     original = [env.step(a) for a in actions]
     other = make_env(fmt)
-    other.restore(TASKS[1], actions[:3])
+    other.replay(TASKS[1], actions[:3])
     assert [other.step(a) for a in actions[3:]] == original[3:]
 
 
-def test_restore_refuses_a_prefix_that_ends_the_episode():
+def test_replay_refuses_a_prefix_that_ends_the_episode():
     env = make_env(max_turns=3)
     with pytest.raises(ValueError, match="action 1 of 2 ended the episode \\(answer\\)"):
-        env.restore(TASKS[0], ["<answer>x</answer>", "<answer>y</answer>"])
+        env.replay(TASKS[0], ["<answer>x</answer>", "<answer>y</answer>"])
     with pytest.raises(ValueError, match="action 3 of 3 ended the episode \\(turn limit\\)"):
-        env.restore(TASKS[0], ["a", "b", "c"])
+        env.replay(TASKS[0], ["a", "b", "c"])
 
 
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
@@ -313,9 +333,9 @@ def test_snapshot_continues_exactly_like_replay(fmt):
         snapshots.append(env.snapshot())
         unbroken.append(env.step(action))
     for t, snapshot in enumerate(snapshots):
-        env.load_snapshot(snapshot)
+        env.restore(snapshot)
         assert [env.step(a) for a in actions[t:]] == unbroken[t:]
-    env.load_snapshot(env.snapshot())
+    env.restore(env.snapshot())
     assert env.done
 
 
@@ -439,9 +459,9 @@ def test_branching_is_exact_on_bundled_tasks(bundled, fmt):
 
 
 def test_tasks_command_prints_oracle_and_random_success_as_json(capsys):
-    from trace_rl.agent.show import tasks_command
+    from trace_rl.cli import main
 
-    assert tasks_command(["multihop", "toolmath", "--num-tasks", "4", "--random-seeds", "1", "--format", "json"]) == 0
+    assert main(["tasks", "multihop", "toolmath", "--num-tasks", "4", "--random-seeds", "1", "--format", "json"]) == 0
     out = capsys.readouterr().out
     assert "Question:" in out and "<tool_call>" in out
     summary = json.loads(out.strip().splitlines()[-1])
@@ -454,10 +474,8 @@ def test_tasks_command_prints_oracle_and_random_success_as_json(capsys):
 
 
 def test_tasks_command_json_flag_prints_only_the_json_line(capsys):
-    import argparse
+    from trace_rl.cli import main
 
-    from trace_rl.agent.show import tasks_command
-
-    assert tasks_command(argparse.Namespace(names=["multihop"], num_tasks=2, json=True, command="tasks")) == 0
+    assert main(["tasks", "multihop", "--num-tasks", "2", "--json"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["tasksets"]["multihop"]["oracle_success"] == 1.0

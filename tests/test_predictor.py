@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from trace_rl.predictor import (
+    PredictorConfig,
     HashedNgramPredictor,
     SuccessPredictor,
     backup_targets,
@@ -71,9 +72,9 @@ def test_training_is_deterministic_given_the_seed() -> None:
 
 def test_state_dict_round_trip_gives_identical_predictions_and_training() -> None:
     histories, y = _toy(200, seed=0)
-    trained = HashedNgramPredictor(seed=1, learning_rate=0.5)
+    trained = HashedNgramPredictor(PredictorConfig(learning_rate=0.5), seed=1)
     trained.update(histories, y, None)
-    restored = HashedNgramPredictor(num_features=64)  # another config: the state replaces it
+    restored = HashedNgramPredictor(PredictorConfig(num_features=64))  # another config: the state replaces it
     restored.load_state_dict(trained.state_dict())
     np.testing.assert_array_equal(restored.predict(histories), trained.predict(histories))
     trained.update(histories, y, None)  # same seeded minibatch order afterwards too
@@ -98,14 +99,14 @@ def test_state_round_trip_carries_the_replay_buffer_and_the_calibration() -> Non
     """Resuming mid-run must reproduce predictions and training exactly, so the state holds the
     replayed root examples and the calibration's data, not just the weights."""
     batches = [_toy(120, seed=s) for s in range(5)]
-    trained = HashedNgramPredictor(seed=2, replay_batches=2)
+    trained = HashedNgramPredictor(PredictorConfig(replay_batches=2), seed=2)
     for histories, y in batches[:3]:
         trained.update(histories, y, None)
     state = trained.state_dict()
     assert len(state["replay"]) == 2  # the roots of the last two updates, oldest first
     assert state["replay"][-1]["prompts"] == [h.prompt for h in batches[2][0] if not h.turns]
     assert len(state["calibration_data"]) == 2 and state["calibration"] != [1.0, 0.0]  # fitted from update 2 on
-    restored = HashedNgramPredictor(replay_batches=0, calibration_batches=0)  # the state's config wins
+    restored = HashedNgramPredictor(PredictorConfig(replay_batches=0, calibration_batches=0))  # the state's config wins
     restored.load_state_dict(state)
     for histories, y in batches[3:]:
         np.testing.assert_array_equal(restored.predict(histories), trained.predict(histories))
@@ -134,11 +135,11 @@ def test_roots_are_answered_by_the_root_head_which_learns_from_roots_only() -> N
 
 def test_replay_trains_again_on_earlier_roots_and_is_bounded() -> None:
     batches = [_toy(60, seed=s) for s in range(4)]
-    predictor = HashedNgramPredictor(replay_batches=2)
+    predictor = HashedNgramPredictor(PredictorConfig(replay_batches=2))
     replayed = [predictor.update(h, y, None)["predictor/replayed"] for h, y in batches]
     roots = [sum(not h.turns for h in histories) for histories, _ in batches]
     assert replayed == [0.0, roots[0], roots[0] + roots[1], roots[1] + roots[2]]
-    none = HashedNgramPredictor(replay_batches=0)
+    none = HashedNgramPredictor(PredictorConfig(replay_batches=0))
     assert [none.update(h, y, None)["predictor/replayed"] for h, y in batches] == [0.0] * 4
     assert none.state_dict()["replay"] == []
 
@@ -154,7 +155,7 @@ def test_platt_fit_recovers_a_known_slope_and_intercept() -> None:
 
 
 def test_calibration_can_be_switched_off() -> None:
-    predictor = HashedNgramPredictor(calibration_batches=0)
+    predictor = HashedNgramPredictor(PredictorConfig(calibration_batches=0))
     for s in range(3):
         predictor.update(*_toy(60, seed=s), None)
     assert predictor.calibration == (1.0, 0.0) and predictor.state_dict()["calibration_data"] == []
@@ -179,11 +180,11 @@ def test_update_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="weights"):
         predictor.update(histories, y, np.array([1.0, -1.0, 1.0, 1.0]))
     with pytest.raises(ValueError, match="learning_rate"):
-        HashedNgramPredictor(learning_rate=0.0)
+        HashedNgramPredictor(PredictorConfig(learning_rate=0.0))
     with pytest.raises(ValueError, match="replay_batches"):
-        HashedNgramPredictor(replay_batches=-1)
+        HashedNgramPredictor(PredictorConfig(replay_batches=-1))
     with pytest.raises(ValueError, match="root_epochs"):
-        HashedNgramPredictor(root_epochs=0)
+        HashedNgramPredictor(PredictorConfig(root_epochs=0))
     assert np.all(predictor.predict(histories) == 0.5)  # nothing was learned from bad batches
 
 
@@ -210,7 +211,7 @@ def test_an_update_with_a_full_replay_buffer_takes_well_under_a_second() -> None
         for _ in range(6):
             sim.rollout(tree, 0, rng)
     batch = backup_targets(trees)
-    predictor = HashedNgramPredictor(max_ngram=1)
+    predictor = HashedNgramPredictor(PredictorConfig(max_ngram=1))
     predictor.update(*batch)
     state = predictor.state_dict()
     state["replay"] = state["replay"] * 64  # a full buffer, without running 64 updates first

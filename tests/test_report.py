@@ -16,7 +16,6 @@ from trace_rl.report import (
     find_runs,
     load_run,
     plot_runs,
-    report_command,
     viewer_data,
     write_report,
     write_viewer,
@@ -310,12 +309,14 @@ def test_report_of_a_run_without_trees_or_eval(tmp_path: Path) -> None:
 
 
 def test_report_command_prints_path_then_a_json_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trace_rl.cli import main
+
     run = write_run(tmp_path / "run")
-    assert report_command(run) == 0
+    assert main(["report", str(run)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0] == str(run / "report.html")
     result = json.loads(lines[-1])
     assert result["report"] == str(run / "report.html")
     assert len(result["plots"]) == 6 and all(Path(p).is_file() for p in result["plots"])
-    assert report_command(tmp_path / "missing") == 2
+    assert main(["report", str(tmp_path / "missing")]) == 2
     assert "is not a folder" in capsys.readouterr().err

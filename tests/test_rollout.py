@@ -7,7 +7,10 @@ from trace_rl.agent.env import ToolEnv
 from trace_rl.agent.tasks import load_taskset
 from trace_rl.models import build_tokenizer
 from trace_rl.predictor.hashed import HashedNgramPredictor
-from trace_rl.rollout import METHODS, RolloutConfig, TreeRolloutCollector
+from trace_rl.methods import METHODS, get_method
+from trace_rl.plan import plan_prefixes, plan_roots, prefix_candidates
+from trace_rl.predictor import PredictorConfig, build_predictor
+from trace_rl.rollout import RolloutConfig, TreeRolloutCollector
 from trace_rl.tree import read_jsonl, write_jsonl
 
 from scripted_engine import ScriptedEngine
@@ -32,8 +35,9 @@ def world():
 def test_every_method_spends_the_budget_exactly(world, method):
     taskset, env, tokenizer, turns = world
     for budget in (24, 37):
-        config = RolloutConfig(method=method, budget=budget, max_turns=4, max_new_tokens=32)
-        collector = TreeRolloutCollector(ScriptedEngine(tokenizer, turns), tokenizer, env, HashedNgramPredictor(), config, seed=1)
+        config = RolloutConfig(method=method, budget=budget, max_new_tokens=32)
+        predictor = build_predictor(get_method(method).predictor, PredictorConfig(), seed=0)
+        collector = TreeRolloutCollector(ScriptedEngine(tokenizer, turns), tokenizer, env, predictor, config, seed=1)
         batch = collector.collect(taskset.tasks[:8])
         assert sum(t.leaves().size for t in batch.trees) == budget
         assert batch.stats["rollout/leaves"] == budget
@@ -44,7 +48,7 @@ def test_every_method_spends_the_budget_exactly(world, method):
 
 def test_trees_keep_tokens_masks_logprobs_observations_and_rewards(world, tmp_path):
     taskset, env, tokenizer, turns = world
-    config = RolloutConfig(method="trace", budget=32, max_turns=4, max_new_tokens=32)
+    config = RolloutConfig(method="trace", budget=32, max_new_tokens=32)
     engine = ScriptedEngine(tokenizer, turns)
     batch = TreeRolloutCollector(engine, tokenizer, env, HashedNgramPredictor(), config, seed=0).collect(taskset.tasks[:8])
     for tree in batch.trees:
@@ -69,7 +73,7 @@ def test_trees_keep_tokens_masks_logprobs_observations_and_rewards(world, tmp_pa
 
 def test_continuations_of_one_prefix_share_one_engine_call(world):
     taskset, env, tokenizer, turns = world
-    config = RolloutConfig(method="grpo", budget=16, max_turns=4, max_new_tokens=32)
+    config = RolloutConfig(method="grpo", budget=16, max_new_tokens=32)
     engine = ScriptedEngine(tokenizer, turns)
     TreeRolloutCollector(engine, tokenizer, env, HashedNgramPredictor(), config).collect(taskset.tasks[:4])
     assert engine.calls[0] == (4, 4)  # four prompts, each prefilled once for its four rollouts
@@ -77,7 +81,7 @@ def test_continuations_of_one_prefix_share_one_engine_call(world):
 
 def test_stage2_branches_continue_from_restored_prefixes(world):
     taskset, env, tokenizer, turns = world
-    config = RolloutConfig(method="trace", budget=40, stage1_share=0.4, max_turns=4, max_new_tokens=32)
+    config = RolloutConfig(method="trace", budget=40, stage1_share=0.4, max_new_tokens=32)
     batch = TreeRolloutCollector(ScriptedEngine(tokenizer, turns), tokenizer, env, HashedNgramPredictor(), config, seed=3).collect(taskset.tasks[:8])
     branched = [(t, n) for t in batch.trees for n in t.nodes[1:] if n.budget > 0]
     assert branched, "Stage 2 expanded no prefix"
@@ -90,7 +94,7 @@ def test_stage2_branches_continue_from_restored_prefixes(world):
 
 def test_same_seed_gives_the_same_trees(world):
     taskset, env, tokenizer, turns = world
-    config = RolloutConfig(method="trace", budget=24, max_turns=4, max_new_tokens=32)
+    config = RolloutConfig(method="trace", budget=24, max_new_tokens=32)
 
     def run():
         collector = TreeRolloutCollector(ScriptedEngine(tokenizer, turns), tokenizer, env, HashedNgramPredictor(), config, seed=5)
@@ -104,9 +108,75 @@ def test_same_seed_gives_the_same_trees(world):
 
 
 def test_bad_configs_name_the_field():
-    with pytest.raises(ValueError, match="method must be one of"):
+    with pytest.raises(ValueError, match="unknown method 'tarce'; did you mean 'trace'"):
         RolloutConfig(method="tarce")
     with pytest.raises(ValueError, match="min_per_prompt must be >= 2"):
         RolloutConfig(min_per_prompt=1)
     with pytest.raises(ValueError, match="stage1_share"):
         RolloutConfig(stage1_share=0.0)
+
+
+def test_every_turn_records_where_its_rollout_started(world):
+    taskset, env, tokenizer, turns = world
+    config = RolloutConfig(method="trace", budget=40, stage1_share=0.4, max_new_tokens=32)
+    batch = TreeRolloutCollector(ScriptedEngine(tokenizer, turns), tokenizer, env, HashedNgramPredictor(), config, seed=3).collect(taskset.tasks[:8])
+    continuations = 0
+    for tree in batch.trees:
+        for node in tree.nodes[1:]:
+            parent = tree.nodes[node.parent]
+            if node.rollout_start == node.parent:  # began a rollout: a bare one at the root, or a continuation
+                continuations += node.parent != 0
+                assert node.parent == 0 or parent.budget > 0, "a continuation starts only at an expanded prefix"
+            else:
+                assert node.rollout_start == parent.rollout_start
+        starts = [tree.nodes[leaf].rollout_start for leaf in tree.leaves()]
+        assert starts.count(0) == tree.root.budget  # every bare rollout (the leftover included) began at the root
+        assert sum(n.budget for n in tree.nodes[1:]) == len(starts) - starts.count(0)
+    assert continuations == sum(n.budget for t in batch.trees for n in t.nodes[1:]) > 0
+
+
+class FixedValues:
+    """A predictor with fixed, distinct values per history (so allocations are not all ties)."""
+
+    def predict(self, histories):
+        return np.array([(hash((h.task_id, len(h.turns), h.turns[-1].action if h.turns else "")) % 997) / 997 for h in histories])
+
+
+def _bare(tree):
+    """A copy of `tree` with only its bare rollouts (those begun at the root) and no allocation marks."""
+    from trace_rl.tree import RolloutTree
+
+    data = tree.to_dict()
+    keep = [n for n in data["nodes"] if n["id"] == 0 or n["rollout_start"] == 0]
+    ids = {n["id"]: i for i, n in enumerate(keep)}
+    for n in keep:
+        n["id"], n["parent"] = ids[n["id"]], None if n["parent"] is None else ids[n["parent"]]
+        n["children"] = [ids[c] for c in n["children"] if c in ids]
+        n["rollout_start"] = ids[n["rollout_start"]] if n["id"] else 0
+        n["predicted"], n["budget"] = None, 0
+    return RolloutTree.from_dict({**data, "nodes": keep})
+
+
+def test_the_collector_allocates_exactly_what_the_planner_plans_from_its_predictions(world):
+    """The collector runs `trace_rl.plan` (as `trace_rl.bench` does): replaying the planner on the bare
+    rollouts and the predictions the collector recorded gives the collector's allocation."""
+    import trace_rl.bench
+    import trace_rl.plan
+    import trace_rl.rollout
+
+    for module in (trace_rl.rollout, trace_rl.bench):  # one planning code path for training and the benchmark
+        assert module.plan_roots is trace_rl.plan.plan_roots and module.plan_prefixes is trace_rl.plan.plan_prefixes
+    taskset, env, tokenizer, turns = world
+    for method in ("trace", "trace_stage2", "trace_stage1", "pcl"):  # the deterministic allocators
+        config = RolloutConfig(method=method, budget=40, stage1_share=0.5, max_new_tokens=32)
+        trees = TreeRolloutCollector(ScriptedEngine(tokenizer, turns), tokenizer, env, FixedValues(), config, seed=3).collect(taskset.tasks[:8]).trees
+        spec, settings = get_method(method), config.allocation()
+        replay = [_bare(t) for t in trees]
+        plan_roots(spec, settings, replay, np.array([t.root.predicted for t in trees]))
+        originals = [[n.id for n in t.nodes if n.id == 0 or n.rollout_start == 0] for t in trees]  # bare node ids
+        candidates = prefix_candidates(replay, lambda i, n: trees[i].nodes[originals[i][n]].predicted is not None)
+        values = np.array([trees[i].nodes[originals[i][n]].predicted for i, n in candidates])
+        plan_prefixes(spec, settings, replay, candidates, values, np.random.default_rng(0))
+        for tree, bare, ids in zip(trees, replay, originals):
+            assert [n.budget for n in bare.nodes] == [tree.nodes[i].budget for i in ids]
+            assert sum(n.budget for n in tree.nodes) == tree.leaves().size  # nothing outside the plan

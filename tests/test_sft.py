@@ -20,7 +20,7 @@ from trace_rl.train.sft import (
     episode_tokens,
     length_batches,
     masked_nll,
-    pad_batch,
+    pad_sft_batch,
     sft_stats,
     warm_start,
 )
@@ -101,7 +101,7 @@ def test_masked_nll_is_the_mean_over_masked_tokens_only(multihop, tmp_path):
     policy = small_policy(multihop[0], tmp_path)
     torch.manual_seed(0)
     sequences = [([5, 9, 14, 7, 30, 2], [0, 0, 1, 1, 0, 1]), ([8, 3, 11], [0, 1, 1])]
-    ids, attention, loss_mask = pad_batch(sequences)
+    ids, attention, loss_mask = pad_sft_batch(sequences)
     assert ids.shape == (2, 6) and attention[1].tolist() == [1, 1, 1, 0, 0, 0] and loss_mask[1, 3:].sum() == 0
     loss = masked_nll(policy.model, ids, attention, loss_mask)
     logp = token_logprobs(policy.model, ids, attention)

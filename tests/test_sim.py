@@ -7,9 +7,11 @@ import re
 import numpy as np
 import pytest
 
-from trace_rl.bench import FIGURES, METHODS, BenchConfig, run_batch, run_benchmark
+from trace_rl.bench import ROWS, BenchConfig, learned_rows, run_batch, run_benchmark
+from trace_rl.metrics import FIGURES
 from trace_rl.sim import LatentTreeSimulator, SimConfig
-from trace_rl.tree import RolloutTree, tree_metrics
+from trace_rl.metrics import tree_metrics
+from trace_rl.tree import RolloutTree
 
 
 def _grown(sim: LatentTreeSimulator, seed: int, prompts: int = 8, per_prompt: int = 4) -> list[RolloutTree]:
@@ -109,17 +111,21 @@ def test_default_regime_gives_uniform_allocation_an_effective_ratio_near_the_pap
 SMALL = {"prompts_per_batch": 16, "budget": 96, "seeds": 1, "batches": 2, "warmup_batches": 1, "workers": 1}
 
 
-@pytest.mark.parametrize("method", METHODS)
-def test_every_method_spends_exactly_the_budget(method: str) -> None:
-    from trace_rl.predictor import HashedNgramPredictor
+@pytest.mark.parametrize("row", ROWS)
+def test_every_row_spends_exactly_the_budget(row: str) -> None:
+    from trace_rl.bench import parse_row
+    from trace_rl.methods import get_method
+    from trace_rl.predictor import PredictorConfig, build_predictor
 
     cfg = BenchConfig(prompts_per_batch=16, budget=96, stage1_share=0.6)
     sim = LatentTreeSimulator(seed=0)
     prompts = sim.sample_prompts(cfg.prompts_per_batch, np.random.default_rng(0))
-    trees = run_batch(method, prompts, sim, cfg, np.random.default_rng(1), HashedNgramPredictor())
+    spec = get_method(parse_row(row)[0])
+    trees = run_batch(row, prompts, sim, cfg, np.random.default_rng(1), build_predictor(spec.predictor, PredictorConfig(), seed=0))
     assert tree_metrics(trees)["tree/leaves"] == cfg.budget
-    bare = sum(t.root.budget for t in trees)
-    assert bare == (cfg.stage1_budget if method.startswith("trace_") or method == "random_prefix" else cfg.budget)
+    bare = sum(1 for t in trees for leaf in t.leaves() if t.nodes[leaf].rollout_start == 0)
+    assert bare == sum(t.root.budget for t in trees)
+    assert bare >= spec.stage1_budget(cfg.allocation())  # Stage 2 budget no prefix took goes to roots
     for tree in trees:
         tree.validate()
         assert tree.root.budget == len(tree.root.children)
@@ -130,21 +136,33 @@ def test_every_method_spends_exactly_the_budget(method: str) -> None:
 
 def test_small_benchmark_returns_every_method_and_figure() -> None:
     result = run_benchmark(**SMALL)
-    assert set(result["methods"]) == set(METHODS)
+    assert set(result["methods"]) == set(ROWS)
     for figures in result["methods"].values():
         assert set(figures) == set(FIGURES) | {f"{name}_std" for name in FIGURES}
         assert all(0.0 <= figures[name] <= 1.0 for name in FIGURES)
-    assert set(result["warmup"]) == set(result["predictor"]) == {"prompt_only", "trace_learned"}
-    assert {"predictor/brier", "predictor/ece", "predictor/mse_true"} <= set(result["predictor"]["trace_learned"])
+    assert set(result["warmup"]) == set(result["predictor"]) == set(learned_rows(ROWS))
+    assert set(learned_rows(ROWS)) == {"trace_stage1", "trace", "prompt_only", "knapsack", "pcl", "trace_stage2"}
+    assert {"predictor/brier", "predictor/ece", "predictor/mse_true"} <= set(result["predictor"]["trace"])
     assert set(result["targets"]) == {"oracle_vs_uniform", "learned_vs_oracle"}
     assert result["config"]["budget"] == 96 and result["seconds"] > 0.0
 
 
 def test_benchmark_does_not_depend_on_workers_or_the_methods_run_beside() -> None:
-    base = {**SMALL, "seeds": 2, "methods": ["uniform", "trace_oracle"]}
+    base = {**SMALL, "seeds": 2, "methods": ["grpo", "trace@oracle"]}
     one = run_benchmark(**base)
-    two = run_benchmark(**{**base, "workers": 2, "methods": ["trace_oracle"]})
-    assert one["methods"]["trace_oracle"] == two["methods"]["trace_oracle"]
+    two = run_benchmark(**{**base, "workers": 2, "methods": ["trace@oracle"]})
+    assert one["methods"]["trace@oracle"] == two["methods"]["trace@oracle"]
+
+
+def test_benchmark_rows_are_registry_methods_with_named_values() -> None:
+    with pytest.raises(ValueError, match="unknown method 'trace_learned'"):
+        run_benchmark(**{**SMALL, "methods": ["trace_learned"]})
+    with pytest.raises(ValueError, match="grpo reads no values"):
+        run_benchmark(**{**SMALL, "methods": ["grpo@oracle"]})
+    with pytest.raises(ValueError, match="dapo's resampling is the trainer's"):
+        run_benchmark(**{**SMALL, "methods": ["dapo"]})
+    with pytest.raises(ValueError, match="values must be one of oracle, topic, noisy"):
+        run_benchmark(**{**SMALL, "methods": ["trace@truth"]})
 
 
 def test_benchmark_rejects_unknown_keys_and_keeps_defaults_for_none() -> None:

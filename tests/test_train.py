@@ -16,9 +16,8 @@ from trace_rl.agent.tasks import load_taskset
 from trace_rl.config import ConfigError, load_config
 from trace_rl.models import TinyConfig, load_policy
 from trace_rl.rollout import TreeRolloutCollector
-from trace_rl.run import Parts, RunConfig, build_env, build_predictor
-from trace_rl.train.compare import CompareConfig, run_compare
-from trace_rl.train.trainer import Trainer
+from trace_rl.compare import CompareConfig, run_compare
+from trace_rl.run import Parts, RunConfig, build_env, build_predictor, build_trainer
 
 from scripted_engine import ScriptedEngine, coin_flip_answers
 
@@ -64,7 +63,7 @@ def test_training_updates_the_policy_and_writes_the_run_folder(tmp_path):
     config = small_config(steps=2, checkpoint_every=1)
     parts = scripted_parts(config, tmp_path / "cache")
     before = [p.detach().clone() for p in parts.policy.model.parameters()]
-    trainer = Trainer(config, parts, tmp_path / "run")
+    trainer = build_trainer(config, parts, tmp_path / "run")
     history = trainer.run()
     assert len(history) == 2
     assert any(m["actor/grad_norm"] > 0 for m in history), "mixed groups must give a gradient"
@@ -83,7 +82,7 @@ def test_training_updates_the_policy_and_writes_the_run_folder(tmp_path):
 def test_resume_reaches_the_same_metrics_and_weights_as_an_unbroken_run(tmp_path):
     cache = tmp_path / "cache"
     config = small_config(steps=4, checkpoint_every=2)
-    unbroken = Trainer(config, scripted_parts(config, cache), tmp_path / "unbroken")
+    unbroken = build_trainer(config, scripted_parts(config, cache), tmp_path / "unbroken")
     unbroken.run()
 
     class Killed(Exception):
@@ -93,12 +92,12 @@ def test_resume_reaches_the_same_metrics_and_weights_as_an_unbroken_run(tmp_path
         if step == 3:  # logged, but the next checkpoint (step 4) is never written
             raise Killed
 
-    first = Trainer(config, scripted_parts(config, cache), tmp_path / "broken")
+    first = build_trainer(config, scripted_parts(config, cache), tmp_path / "broken")
     with pytest.raises(Killed):
         first.run(on_step=die_after_step_3)
     with open(tmp_path / "broken" / "metrics.jsonl", "a") as handle:
         handle.write('{"step": 4, "method": "tr')  # the kill also cut a line short
-    resumed = Trainer(config, scripted_parts(config, cache), tmp_path / "broken")
+    resumed = build_trainer(config, scripted_parts(config, cache), tmp_path / "broken")
     assert resumed.load_checkpoint() == 2
     resumed.run()
 
@@ -134,7 +133,7 @@ def test_compare_trains_every_method_and_seed_and_writes_the_summary(tmp_path, m
 
     def train_one(run: RunConfig, run_dir: Path) -> None:
         trained.append((run.rollout.method, run.seed))
-        Trainer(run, scripted_parts(run, cache), run_dir).run()
+        build_trainer(run, scripted_parts(run, cache), run_dir).run()
 
     config = CompareConfig(methods=["grpo", "trace"], seeds=[0, 1], run=small_config(steps=2))
     summary = run_compare(config, tmp_path / "cmp", train_one)
@@ -152,7 +151,7 @@ def test_compare_trains_every_method_and_seed_and_writes_the_summary(tmp_path, m
 def test_dapo_resamples_until_its_groups_are_mixed_and_counts_every_rollout(tmp_path):
     config = small_config(steps=1, dapo_max_rounds=3)
     config.rollout.method = "dapo"
-    trainer = Trainer(config, scripted_parts(config, tmp_path / "cache"), tmp_path / "run")
+    trainer = build_trainer(config, scripted_parts(config, tmp_path / "cache"), tmp_path / "run")
     metrics = trainer.train_step()
     rounds = metrics["rollout/leaves"] / 12
     assert rounds == int(rounds) and 1 <= rounds <= 3
@@ -182,7 +181,7 @@ def test_cli_reports_a_bad_key_without_a_traceback(tmp_path):
 
 def _train_scripted(run: RunConfig, run_dir: Path) -> None:
     """A compare worker (module level, so a spawned process can unpickle it)."""
-    Trainer(run, scripted_parts(run, run_dir.parents[2] / "cache"), run_dir).run()
+    build_trainer(run, scripted_parts(run, run_dir.parents[2] / "cache"), run_dir).run()
 
 
 def test_compare_with_parallel_workers_gives_the_same_summary_as_one_at_a_time(tmp_path):

@@ -4,15 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from trace_rl.tree import (
-    RolloutTree,
-    anchor_mixed_ratio,
-    effective_ratio,
-    mixed_budget_share,
-    read_jsonl,
-    tree_metrics,
-    write_jsonl,
-)
+from trace_rl.metrics import anchor_mixed_ratio, effective_ratio, mixed_budget_share, tree_metrics
+from trace_rl.tree import RolloutTree, read_jsonl, subtree_rewards, write_jsonl
 
 
 def chain(tree: RolloutTree, parent: int, turns: int, reward: float) -> int:

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trace_rl.tree import RolloutTree
+from trace_rl.tree import RolloutTree, subtree_rewards
 
 _NONZERO_ATOL = 1e-12  # advantages are O(1); anything this small is round-off, not signal
 
@@ -89,23 +89,17 @@ class _TreeStats:
 
 
 def _tree_stats(tree: RolloutTree) -> _TreeStats:
-    groups: list[list[float]] = [[] for _ in tree.nodes]  # L(s), gathered in one reverse sweep
     for node in tree.nodes:
-        if node.is_terminal:
-            if not np.isfinite(node.reward):
-                raise ValueError(f"tree {tree.task_id!r}: node {node.id} has reward {node.reward!r}; rewards must be finite")
-            groups[node.id].append(float(node.reward))
-    for node in reversed(tree.nodes[1:]):  # children have larger ids than parents
-        groups[node.parent].extend(groups[node.id])
-    backup = tree.backup()
-    spread = np.zeros(len(tree.nodes))
-    mixed = np.zeros(len(tree.nodes), dtype=bool)
-    for index, group in enumerate(groups):
-        if len(group) >= 2 and max(group) > min(group):
-            mixed[index] = True
-            spread[index] = float(np.std(group, ddof=1))
-    values = np.where(backup.counts > 0, backup.values, 0.0)
-    return _TreeStats(values=values, counts=backup.counts, spread=spread, mixed=mixed, parents=tree.parents())
+        if node.is_terminal and not np.isfinite(node.reward):
+            raise ValueError(f"tree {tree.task_id!r}: node {node.id} has reward {node.reward!r}; rewards must be finite")
+    leaves = subtree_rewards(tree)  # L(s) of every node, one reverse sweep
+    n = leaves.counts.astype(np.float64)
+    mixed = leaves.mixed & (leaves.counts >= 2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(n > 0, leaves.sums / np.maximum(n, 1.0), 0.0)
+        variance = (leaves.squares - n * mean * mean) / np.maximum(n - 1.0, 1.0)  # ddof=1
+    spread = np.where(mixed, np.sqrt(np.maximum(variance, 0.0)), 0.0)
+    return _TreeStats(values=mean, counts=leaves.counts, spread=spread, mixed=mixed, parents=tree.parents())
 
 
 def _contrast(diff: np.ndarray, at: np.ndarray, stats: _TreeStats, *, eps: float, scale_rewards: bool) -> np.ndarray:

@@ -1,4 +1,8 @@
-"""`trace-rl` command line. Each command prints its headline figures as one JSON object on its last line."""
+"""`trace-rl` command line. Each command prints its headline figures as one JSON object on its last line.
+
+This is the only module that writes to the terminal: every other module returns data (or rendered
+text) and raises; commands here print it.
+"""
 
 from __future__ import annotations
 
@@ -16,16 +20,20 @@ def _bench(args: argparse.Namespace) -> int:
 
         result = run_benchmark(seeds=args.seeds, batches=args.batches)
         if not args.json:
-            summary_table(result)
+            print(summary_table(result), file=sys.stderr)
         print(json.dumps(result))
         return 0
     raise AssertionError(args.what)  # argparse restricts the choices
 
 
 def _tasks(args: argparse.Namespace) -> int:
-    from trace_rl.agent.show import tasks_command
+    from trace_rl.agent.show import tasks_report
 
-    return tasks_command(args)
+    text, summary = tasks_report(args)
+    if text:
+        print(text, end="")
+    print(json.dumps(summary))
+    return 0
 
 
 def _rollout(args: argparse.Namespace) -> int:
@@ -52,6 +60,7 @@ def _train(args: argparse.Namespace) -> int:
 
     from trace_rl.config import load_config
     from trace_rl.progress import progress_bar
+    from trace_rl.rundir import RunDir
     from trace_rl.run import RunConfig, headline, train_run
 
     if args.resume:
@@ -64,7 +73,7 @@ def _train(args: argparse.Namespace) -> int:
         raise ConfigError("give --config FILE --out RUN_DIR, or --resume RUN_DIR")
     with progress_bar() as bar:
         trainer = train_run(config, run_dir, resume=bool(args.resume), bar=bar)
-    final = _last_metrics(run_dir)
+    final = RunDir(run_dir).last_metrics()
     print(json.dumps({"run_dir": str(run_dir), "steps": trainer.step, **headline(final)}))
     return 0
 
@@ -73,9 +82,11 @@ def _compare(args: argparse.Namespace) -> int:
     from trace_rl.config import load_config
     from trace_rl.progress import progress_bar
     from trace_rl.run import policy_source
-    from trace_rl.train.compare import CompareConfig, run_compare, summary_table
+    from trace_rl.compare import CompareConfig, run_compare, summary_table
+    from trace_rl.run import check_trainable
 
     config = load_config(CompareConfig, args.config, args.overrides)
+    check_trainable(config.run)
     if config.workers > 1:
         with progress_bar() as bar:  # the shared warm start, made once before the runs fan out
             task = bar.task("warm start", total=config.run.sft.steps)
@@ -123,18 +134,27 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from trace_rl.report import report_command
+    from trace_rl.report import build_report
 
-    return report_command(args.run_dir)
+    try:
+        report = build_report(args.run_dir)
+    except (NotADirectoryError, ValueError, ModuleNotFoundError) as exc:
+        raise ConfigError(str(exc)) from exc
+    for warning in report.warnings:
+        print(f"trace-rl report: warning: {warning}", file=sys.stderr)
+    print(report.html)
+    figures = {"report": str(report.html), "plots": [str(p) for p in report.plots], "bytes": report.html.stat().st_size}
+    print(json.dumps({**figures, "warnings": len(report.warnings)}))
+    return 0
 
 
-def _last_metrics(run_dir) -> dict:
-    from trace_rl.report.plots import read_metrics
+def _methods(args: argparse.Namespace) -> int:
+    from trace_rl.methods import METHODS
 
-    merged: dict = {}
-    for record in read_metrics(run_dir / "metrics.jsonl"):  # evaluation figures may sit on an earlier line
-        merged.update(record)
-    return merged
+    for spec in METHODS.values():
+        print(f"{spec.name:<13} {spec.description}  [{spec.source}]", file=sys.stderr)
+    print(json.dumps({"methods": [spec.describe() for spec in METHODS.values()]}))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seeds", type=int, default=None, help="number of seeds (default: the benchmark's)")
     bench.add_argument("--batches", type=int, default=None, help="batches per seed (default: the benchmark's)")
     bench.set_defaults(func=_bench)
+
+    methods = commands.add_parser("methods", help="list the methods `rollout.method` accepts, with their sources")
+    methods.set_defaults(func=_methods)
 
     rollout = commands.add_parser("rollout", help="sample one batch of rollout trees and write them as JSONL")
     rollout.add_argument("--config", required=True, help="YAML run config (see configs/)")

@@ -152,7 +152,8 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
 
 # ---------------------------------------------------------------- the run config
 # Sections that belong to one component are declared beside it (RolloutConfig in rollout.py,
-# SFTConfig in train/sft.py); the run-level ones are here.
+# PredictorConfig in predictor/hashed.py, SFTConfig in train/sft.py, TrainConfig in
+# train/trainer.py); the run-level ones are here.
 
 
 @dataclass
@@ -196,16 +197,3 @@ class TaskConfig:
     """A Search-R1 / verl retrieval server instead of the local BM25 index."""
     seed: int = 0
     """Seed of the generated task world (independent of the run seed)."""
-
-
-@dataclass
-class PredictorConfig:
-    """The shared success predictor Ṽψ (allocation only; never in the policy gradient)."""
-
-    num_features: int = 2**18
-    max_ngram: int = 2
-    learning_rate: float = 0.3
-    l2: float = 1e-4
-    epochs: int = 2
-    initial_accumulator: float = 1e-3
-    """AdaGrad's starting Σ g²: keeps n-grams seen once from memorising their example."""

@@ -1,14 +1,15 @@
 """A run's full config, the parts built from it (tasks, env, policy, engine, predictor, collector),
 and `train_run`, which trains one run folder.
 
-Commands (`rollout`, `train`, `compare`) call `build_parts(config)` so that every run is assembled
-the same way from one typed config.
+Commands (`rollout`, `train`, `compare`, `eval`) call `build_parts(config)` so that every run is
+assembled the same way from one typed config, and every config value is checked when the config is
+loaded, before any of it is built.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +17,14 @@ from trace_rl.agent.env import ToolEnv
 from trace_rl.agent.scoring import score
 from trace_rl.agent.tasks import load_taskset
 from trace_rl.agent.types import TaskSet
-from trace_rl.config import ModelConfig, PredictorConfig, TaskConfig, dump_yaml
-from trace_rl.predictor.base import SuccessPredictor
-from trace_rl.predictor.hashed import HashedNgramPredictor
-from trace_rl.predictor.history import PromptHistoryPredictor
+from trace_rl.config import ConfigError, ModelConfig, TaskConfig
+from trace_rl.engine.base import Engine
+from trace_rl.predictor import PredictorConfig, SuccessPredictor
+from trace_rl.predictor import build_predictor as make_predictor
 from trace_rl.rollout import RolloutConfig, TreeRolloutCollector
+from trace_rl.rundir import RunDir
 from trace_rl.train.sft import SFTConfig, warm_start
-from trace_rl.train.trainer import TrainConfig, Trainer, held_out_accuracy, latest_checkpoint
+from trace_rl.train.trainer import TrainConfig, Trainer, TrainingSetup, held_out_accuracy
 
 
 @dataclass
@@ -37,13 +39,17 @@ class RunConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    """`rollout.method` is the run's method: grpo | prompt_only | random_tree | dapo | trace_stage1 | trace_stage2 | trace."""
+    """`rollout.method` is the run's method (`trace_rl.methods.METHODS`)."""
     predictor: PredictorConfig = field(default_factory=PredictorConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
         if self.prompts_per_step < 1:
             raise ValueError(f"prompts_per_step must be >= 1, got {self.prompts_per_step}")
+        try:
+            self.train.estimator(self.rollout.spec)  # the estimator's options, checked before any work
+        except ValueError as exc:
+            raise ValueError(f"train.{exc}") from exc
 
 
 @dataclass
@@ -51,8 +57,8 @@ class Parts:
     train: TaskSet
     test: TaskSet
     env: ToolEnv
-    policy: Any  # trace_rl.models.Policy
-    engine: Any  # trace_rl.engine.Engine
+    policy: Any  # trace_rl.models.Policy (imports torch, so not at module level)
+    engine: Engine
     predictor: SuccessPredictor
     collector: TreeRolloutCollector
 
@@ -71,10 +77,37 @@ def build_env(config: RunConfig, taskset: TaskSet) -> ToolEnv:
 
 
 def build_predictor(config: RunConfig) -> SuccessPredictor:
-    """`prompt_only` learns each prompt's own success rate (Knapsack-RL style); the rest share Ṽψ."""
-    if config.rollout.method == "prompt_only":
-        return PromptHistoryPredictor()
-    return HashedNgramPredictor(**asdict(config.predictor), seed=config.seed)
+    """The predictor the run's method allocates from (`MethodSpec.predictor`)."""
+    return make_predictor(config.rollout.spec.predictor, config.predictor, seed=config.seed)
+
+
+def build_trainer(config: RunConfig, parts: Parts, run_dir: str | Path | RunDir) -> Trainer:
+    """A `Trainer` for `config` over `parts`, writing into `run_dir`."""
+    setup = TrainingSetup(
+        method=config.rollout.spec,
+        model=parts.policy.model,
+        engine=parts.engine,
+        collector=parts.collector,
+        predictor=parts.predictor,
+        train_tasks=parts.train.tasks,
+        test_tasks=parts.test.tasks,
+        prompts_per_step=config.prompts_per_step,
+        seed=config.seed,
+    )
+    return Trainer(config.train, setup, run_dir)
+
+
+def check_trainable(config: RunConfig) -> None:
+    """ConfigError unless the configured engine can receive the trainer's weights (before any work)."""
+    if config.model.engine == "openai":
+        from trace_rl.engine.openai_server import OpenAIEngine
+
+        if not OpenAIEngine.accepts_weights:
+            raise ConfigError(
+                "model.engine=openai cannot train yet: trace-rl has no weight push to a vLLM / SGLang server, so the "
+                "server would keep sampling from the starting weights while the local model trains. Use "
+                "model.engine=hf to train; `rollout` and `eval` work with a server."
+            )
 
 
 def build_parts(config: RunConfig, *, progress: Callable[[int, float], None] | None = None) -> Parts:
@@ -122,12 +155,10 @@ def policy_source(
 
 def evaluate_policy(config: RunConfig, run_dir: str | Path | None = None, *, samples: int | None = None) -> dict[str, Any]:
     """Held-out accuracy of a run's latest checkpoint (or, without `run_dir`, of its starting policy)."""
-    import torch
-
     parts = build_parts(config)
     step = 0
     if run_dir is not None:
-        state = torch.load(latest_checkpoint(run_dir), weights_only=False)
+        state = RunDir(run_dir).load_checkpoint()
         parts.policy.model.load_state_dict(state["model"])
         step = int(state["step"])
     samples = config.train.eval_samples if samples is None else samples
@@ -140,11 +171,11 @@ def train_run(config: RunConfig, run_dir: str | Path, *, resume: bool = False, b
 
     `bar` is a `trace_rl.progress.Bars` for live progress, or None.
     """
-    run_dir = Path(run_dir)
-    if not resume and (run_dir / "checkpoints" / "latest").exists():
-        raise FileExistsError(f"{run_dir} already holds a run; resume it or choose another folder")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    dump_yaml(config, run_dir / "config.yaml")
+    check_trainable(config)
+    folder = RunDir(run_dir)
+    if not resume and (folder.checkpoints_dir / "latest").exists():
+        raise FileExistsError(f"{folder.path} already holds a run; resume it or choose another folder")
+    folder.write_config(config)
     sft_bar: list = []  # the warm-start bar appears only when a warm start is actually trained
 
     def on_sft_step(step: int, loss: float) -> None:
@@ -155,10 +186,10 @@ def train_run(config: RunConfig, run_dir: str | Path, *, resume: bool = False, b
         bar.update(sft_bar[0], step + 1, {"loss": loss})
 
     parts = build_parts(config, progress=on_sft_step)
-    trainer = Trainer(config, parts, run_dir)
+    trainer = build_trainer(config, parts, folder)
     if resume:
         trainer.load_checkpoint()
-    steps_bar = bar.task(f"{run_dir.name} {config.rollout.method}", total=config.train.steps, completed=trainer.step) if bar else None
+    steps_bar = bar.task(f"{folder.path.name} {config.rollout.method}", total=config.train.steps, completed=trainer.step) if bar else None
 
     def on_step(step: int, metrics: dict[str, float]) -> None:
         if bar is not None:

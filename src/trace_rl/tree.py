@@ -63,6 +63,9 @@ class Node:
     """The predictor's success estimate here when the allocator looked at this node."""
     budget: int = 0
     """Rollouts the allocator gave this node (root: Stage 1's m_i; prefix: Stage 2's k)."""
+    rollout_start: int = 0
+    """Id of the node where the rollout that made this node began (0: the root; the root itself: 0).
+    Recorded when the turn is added, so no reader has to guess it from the order of children."""
     info: dict[str, Any] = field(default_factory=dict)
     """Free-form facts about the turn (finish reason, parse error, tool timing)."""
 
@@ -123,11 +126,16 @@ class RolloutTree:
         logprobs: Sequence[float] | None = None,
         reward: float | None = None,
         info: dict[str, Any] | None = None,
+        starts_rollout: bool | None = None,
     ) -> int:
         """Append a turn below `parent` and return its id.
 
-        Appending to a node that already has children is branching: rollouts continued from an
-        intermediate prefix are added this way. `mask` defaults to all policy tokens.
+        `starts_rollout` says whether this turn begins a new rollout at `parent` (a bare rollout at
+        the root, or a continuation branched from an intermediate prefix) or continues the rollout
+        that made `parent`; the answer is stored as `rollout_start`. Collectors that grow several
+        rollouts at once must pass it. None applies the sequential rule: a turn continues its
+        parent's rollout when the parent is not the root and has no child yet. `mask` defaults to
+        all policy tokens.
         """
         if not 0 <= parent < len(self.nodes):
             raise ValueError(f"parent {parent} is not a node of tree {self.task_id!r} ({len(self.nodes)} nodes)")
@@ -146,6 +154,8 @@ class RolloutTree:
             reward = float(reward)
             if not np.isfinite(reward):
                 raise ValueError(f"reward must be finite, got {reward!r}")
+        if starts_rollout is None:
+            starts_rollout = parent == 0 or bool(self.nodes[parent].children)
         node_id = len(self.nodes)
         self.nodes.append(
             Node(
@@ -160,6 +170,7 @@ class RolloutTree:
                 logprobs=lp_list,
                 reward=reward,
                 info=dict(info or {}),
+                rollout_start=parent if starts_rollout else self.nodes[parent].rollout_start,
             )
         )
         self.nodes[parent].children.append(node_id)
@@ -196,19 +207,10 @@ class RolloutTree:
 
     def backup(self) -> Backup:
         """Backup values and leaf counts of every node in one reverse sweep over the ids."""
-        size = len(self.nodes)
-        sums = np.zeros(size, dtype=np.float64)
-        counts = np.zeros(size, dtype=np.int64)
-        for node in self.nodes:
-            if node.is_terminal:
-                sums[node.id] = node.reward
-                counts[node.id] = 1
-        for node in reversed(self.nodes[1:]):  # children have larger ids than parents
-            sums[node.parent] += sums[node.id]
-            counts[node.parent] += counts[node.id]
+        stats = subtree_rewards(self)
         with np.errstate(invalid="ignore", divide="ignore"):
-            values = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
-        return Backup(values=values, counts=counts)
+            values = np.where(stats.counts > 0, stats.sums / np.maximum(stats.counts, 1), np.nan)
+        return Backup(values=values, counts=stats.counts)
 
     def is_mixed(self) -> bool:
         """Whether the leaves disagree: at least two different rewards (a success and a failure)."""
@@ -234,6 +236,11 @@ class RolloutTree:
                 raise ValueError(f"tree {self.task_id!r}: node {index} has mask entries other than 0 and 1")
             if node.reward is not None and not np.isfinite(node.reward):
                 raise ValueError(f"tree {self.task_id!r}: node {index} has a non-finite reward {node.reward!r}")
+            if index and node.rollout_start not in (node.parent, self.nodes[node.parent].rollout_start):
+                raise ValueError(
+                    f"tree {self.task_id!r}: node {index} has rollout_start {node.rollout_start}, expected its parent "
+                    f"{node.parent} (a new rollout) or its parent's rollout_start {self.nodes[node.parent].rollout_start}"
+                )
         for node in self.nodes[1:]:
             if node.id not in self.nodes[node.parent].children:
                 raise ValueError(f"tree {self.task_id!r}: node {node.id} missing from its parent's children")
@@ -244,6 +251,12 @@ class RolloutTree:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RolloutTree:
         nodes = [Node(**node) for node in data["nodes"]]
+        if not any("rollout_start" in node for node in data["nodes"]):  # written before the field existed
+            for node in nodes[1:]:
+                parent = nodes[node.parent] if isinstance(node.parent, int) and 0 <= node.parent < node.id else None
+                if parent is not None:
+                    continues = node.parent != 0 and parent.children[:1] == [node.id]
+                    node.rollout_start = parent.rollout_start if continues else node.parent
         tree = cls(task_id=data["task_id"], prompt=data["prompt"], nodes=nodes, meta=dict(data.get("meta", {})))
         tree.validate()
         return tree
@@ -269,67 +282,45 @@ def read_jsonl(path: str | Path) -> list[RolloutTree]:
     return trees
 
 
-# ---------------------------------------------------------------- batch metrics
+# ---------------------------------------------------------------- subtree sweep
 
 
-def effective_ratio(trees: Sequence[RolloutTree]) -> float:
-    """Share of prompts that got rollouts whose leaves are mixed (Knapsack-RL's effective prompt ratio)."""
-    sampled = [t for t in trees if t.leaves().size]
-    return float(np.mean([t.is_mixed() for t in sampled])) if sampled else 0.0
+@dataclass(frozen=True)
+class SubtreeRewards:
+    """Per node, what its finished leaves hold (the node included when it is a leaf): one reverse sweep.
 
-
-def anchor_mixed_ratio(trees: Sequence[RolloutTree]) -> float:
-    """Share of anchors (nodes with ≥2 children, roots included) whose descendant leaves are mixed."""
-    mixed, total = 0, 0
-    for tree in trees:
-        anchors = tree.anchors()
-        if not anchors.size:
-            continue
-        rewards = np.full(len(tree.nodes), np.nan)
-        for node in tree.nodes:
-            if node.is_terminal:
-                rewards[node.id] = node.reward
-        low, high = _subtree_min_max(tree, rewards)
-        mixed += int(np.sum(high[anchors] > low[anchors]))
-        total += anchors.size
-    return mixed / total if total else 0.0
-
-
-def _subtree_min_max(tree: RolloutTree, rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    low = np.where(np.isnan(rewards), np.inf, rewards)
-    high = np.where(np.isnan(rewards), -np.inf, rewards)
-    for node in reversed(tree.nodes[1:]):
-        low[node.parent] = min(low[node.parent], low[node.id])
-        high[node.parent] = max(high[node.parent], high[node.id])
-    return low, high
-
-
-def mixed_budget_share(trees: Sequence[RolloutTree]) -> float:
-    """Share of all leaves (the budget) that belong to a prompt whose leaves are mixed.
-
-    A mixed anchor lies inside a mixed prompt, so this is also the share of rollouts that sit in a
-    mixed group or anchor: the part of the budget that can yield a non-zero GRPO-style gradient.
+    Every reader of "the leaves below a node" (backups, mixed anchors, advantages, the viewer) uses
+    this one sweep. `low` / `high` are +inf / -inf where no leaf lies below.
     """
-    leaves = np.array([t.leaves().size for t in trees], dtype=np.int64)
-    mixed = np.array([t.is_mixed() for t in trees], dtype=bool)
-    total = int(leaves.sum())
-    return float(leaves[mixed].sum() / total) if total else 0.0
+
+    counts: np.ndarray  # (N,) int64: finished leaves below
+    sums: np.ndarray  # (N,) float64: sum of their rewards
+    squares: np.ndarray  # (N,) float64: sum of their squared rewards
+    low: np.ndarray  # (N,) float64: smallest reward below
+    high: np.ndarray  # (N,) float64: largest reward below
+
+    @property
+    def mixed(self) -> np.ndarray:
+        """Nodes whose leaves hold two different rewards (a success and a failure)."""
+        return self.high > self.low
 
 
-def tree_metrics(trees: Sequence[RolloutTree]) -> dict[str, float]:
-    """The `tree/*` metrics of one batch."""
-    leaves = np.array([t.leaves().size for t in trees], dtype=np.float64)
-    sampled = leaves > 0
-    branch_depths = [t.nodes[a].depth for t in trees for a in t.anchors() if a != 0]
-    mixed = np.array([t.is_mixed() for t in trees], dtype=bool)
-    return {
-        "tree/effective_ratio": effective_ratio(trees),
-        "tree/effective_per_candidate": float(mixed.mean()) if len(trees) else 0.0,
-        "tree/mixed_budget_share": mixed_budget_share(trees),
-        "tree/anchor_mixed_ratio": anchor_mixed_ratio(trees),
-        "tree/leaves_per_prompt": float(leaves[sampled].mean()) if sampled.any() else 0.0,
-        "tree/prompts_sampled": float(sampled.sum()),
-        "tree/leaves": float(leaves.sum()),
-        "tree/branch_depth/mean": float(np.mean(branch_depths)) if branch_depths else 0.0,
-        "tree/branch_points": float(len(branch_depths)),
-    }
+def subtree_rewards(tree: RolloutTree) -> SubtreeRewards:
+    size = len(tree.nodes)
+    counts = np.zeros(size, dtype=np.int64)
+    sums = np.zeros(size, dtype=np.float64)
+    squares = np.zeros(size, dtype=np.float64)
+    low = np.full(size, np.inf)
+    high = np.full(size, -np.inf)
+    for node in tree.nodes:
+        if node.is_terminal:
+            r = float(node.reward)
+            counts[node.id], sums[node.id], squares[node.id], low[node.id], high[node.id] = 1, r, r * r, r, r
+    for node in reversed(tree.nodes[1:]):  # children have larger ids than parents
+        p = node.parent
+        counts[p] += counts[node.id]
+        sums[p] += sums[node.id]
+        squares[p] += squares[node.id]
+        low[p] = min(low[p], low[node.id])
+        high[p] = max(high[p], high[node.id])
+    return SubtreeRewards(counts=counts, sums=sums, squares=squares, low=low, high=high)

@@ -35,7 +35,7 @@ class Episode:
     task: Task
     prompt: str
     actions: list[str]
-    """The turn texts, in order: `env.restore(task, actions[:t])` rebuilds the state after turn t."""
+    """The turn texts, in order: `env.replay(task, actions[:t])` rebuilds the state after turn t."""
     steps: list[StepResult]
     seed: int
     context: str

@@ -7,14 +7,16 @@ used `max_turns` turns without answering (`truncated`, reward 0). A malformed tu
 the observation tells the model what was wrong, the turn counts toward the limit, and the raw text
 is kept in `StepInfo`.
 
-Branching (TRACE Stage 2 continues rollouts from intermediate prefixes): `restore(task, actions)`
-puts the env where it was after those turns by replaying them. Our tools are deterministic and
-stateless, so replay reproduces the observations exactly; `snapshot()` / `load_snapshot()` do the
-same without re-running tools.
+Branching (TRACE Stage 2 continues rollouts from intermediate prefixes): `snapshot()` captures an
+episode's state after any turn and `restore(snapshot)` returns to it without re-running tools, in
+this env or in another made by `spawn()`, which is how the collector continues many rollouts from
+one prefix at once. `ToolEnv.replay(task, actions)` rebuilds the same state by replaying the turns:
+our tools are deterministic and stateless, so replay reproduces the observations exactly.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -91,9 +93,20 @@ class StepResult:
 
 
 class Env(Protocol):
-    """One task episode at a time; the agent's turns (text) are the actions."""
+    """One task episode at a time; the agent's turns (text) are the actions.
+
+    This is all the rollout collector calls; `check_env` checks an implementation against it.
+    """
 
     max_turns: int
+
+    def messages(self, task: Task) -> list[dict[str, str]]:
+        """The task's prompt as chat messages (system + user), for the policy's chat template."""
+        ...
+
+    def stop_strings(self) -> tuple[str, ...]:
+        """Strings that end a turn for any task of this env (each stays in the turn's text)."""
+        ...
 
     def reset(self, task: Task, *, seed: int | None = None) -> str:
         """Start an episode; returns the prompt (the first observation)."""
@@ -103,12 +116,17 @@ class Env(Protocol):
         """Apply one generated turn. Raises RuntimeError outside an episode (before reset, after the end)."""
         ...
 
-    def restore(self, task: Task, actions: Sequence[str], *, seed: int | None = None) -> str:
-        """Put the env where it was after `actions` (turn texts), so a branch can continue from there.
+    def snapshot(self) -> Any:
+        """The episode's whole state, immutable: `restore` returns to it, here or in a `spawn`ed env."""
+        ...
 
-        Returns the observation that followed the last action (the prompt when `actions` is empty).
-        Raises ValueError if one of the actions ends the episode.
-        """
+    def restore(self, snapshot: Any) -> None:
+        """Continue from a state `snapshot` returned (the episode goes on from there)."""
+        ...
+
+    def spawn(self) -> Env:
+        """A new env with the same tools and settings and no episode, to run a rollout of its own
+        (the collector steps many rollouts at once, one env each)."""
         ...
 
 
@@ -185,8 +203,16 @@ class ToolEnv:
         """The prompt as chat messages (system + user), for chat templates."""
         return self.format.messages(task, self.tool_specs(task))
 
-    def stop_strings(self, task: Task) -> tuple[str, ...]:
-        return self.format.stop_strings(self.tool_specs(task))
+    def stop_strings(self, task: Task | None = None) -> tuple[str, ...]:
+        """Stop strings of `task`'s tools, or (None) of every tool of this env."""
+        specs = self.tool_specs(task) if task is not None else [self.tools[name].spec for name in sorted(self.tools)]
+        return self.format.stop_strings(specs)
+
+    def spawn(self) -> ToolEnv:
+        """Shares the (stateless) tools; the episode state is per env."""
+        env = copy.copy(self)
+        env._state, env._specs, env._done = None, [], True
+        return env
 
     # ---------------------------------------------------------------- episode
 
@@ -227,8 +253,10 @@ class ToolEnv:
         self._done = result.done
         return result
 
-    def restore(self, task: Task, actions: Sequence[str], *, seed: int | None = None) -> str:
-        """Replay `actions` from a fresh reset; returns the observation after the last one."""
+    def replay(self, task: Task, actions: Sequence[str], *, seed: int | None = None) -> str:
+        """Replay `actions` from a fresh reset; returns the observation after the last one.
+
+        Raises ValueError if one of the actions ends the episode."""
         observation = self.reset(task, seed=seed)
         for index, action in enumerate(actions):
             result = self.step(action)
@@ -241,12 +269,12 @@ class ToolEnv:
         return observation
 
     def snapshot(self) -> EnvSnapshot:
-        """The current episode state; `load_snapshot` returns to it without re-running tools."""
+        """The current episode state; `restore` returns to it without re-running tools."""
         if self._state is None:
             raise RuntimeError("no episode to snapshot: call reset() first")
         return self._state
 
-    def load_snapshot(self, snapshot: EnvSnapshot) -> None:
+    def restore(self, snapshot: EnvSnapshot) -> None:
         self._specs = self.tool_specs(snapshot.task)
         self._state = snapshot
         self._done = bool(snapshot.steps) and snapshot.steps[-1].done
@@ -286,12 +314,19 @@ class ToolEnv:
 def check_env(env: Env, task: Task, actions: Sequence[str], *, seed: int = 0) -> list[StepResult]:
     """The `Env` contract, checked on one recorded episode; raises AssertionError naming the broken rule.
 
-    `actions` must end the episode. Checks: a replay gives identical steps; for every intermediate
-    prefix, `restore` returns the observation that followed it and continuing gives the unbroken
-    run's steps; stepping after the end raises RuntimeError. Returns the unbroken run's steps.
+    `actions` must end the episode. Checks: a replay gives identical steps; stepping after the end
+    raises RuntimeError; for every intermediate state, `restore(snapshot)` (in this env and in a
+    `spawn`ed one) continues exactly as the unbroken run, and a snapshot stays valid after the env
+    moves on; `stop_strings` and `messages` answer. Returns the unbroken run's steps.
     """
-    prompt = env.reset(task, seed=seed)
-    unbroken = [env.step(action) for action in actions]
+    assert env.stop_strings() and all(isinstance(s, str) and s for s in env.stop_strings()), "stop_strings() must be non-empty strings"
+    assert env.messages(task), "messages(task) must not be empty"
+    env.reset(task, seed=seed)
+    snapshots = [env.snapshot()]
+    unbroken = []
+    for action in actions:
+        unbroken.append(env.step(action))
+        snapshots.append(env.snapshot())
     ends_at_last = bool(unbroken) and unbroken[-1].done and not any(s.done for s in unbroken[:-1])
     assert ends_at_last, "the actions must end the episode exactly at the last one"
     try:
@@ -303,11 +338,10 @@ def check_env(env: Env, task: Task, actions: Sequence[str], *, seed: int = 0) ->
     env.reset(task, seed=seed)
     assert [env.step(action) for action in actions] == unbroken, "replaying the same actions gave different steps"
     for t in range(len(actions)):
-        observation = env.restore(task, actions[:t], seed=seed)
-        expected = unbroken[t - 1].observation if t else prompt
-        assert observation == expected, f"restore() after {t} actions returned a different observation"
-        continued = [env.step(action) for action in actions[t:]]
-        assert continued == unbroken[t:], f"continuing after restore() of {t} actions differs from the unbroken run"
+        for where, other in (("this env", env), ("a spawned env", env.spawn())):
+            other.restore(snapshots[t])
+            continued = [other.step(action) for action in actions[t:]]
+            assert continued == unbroken[t:], f"continuing after restore() of the state after {t} actions in {where} differs"
     return unbroken
 
 

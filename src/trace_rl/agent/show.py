@@ -1,16 +1,15 @@
 """`trace-rl tasks`: list the registered tasksets, show rendered prompts and oracle rollouts.
 
 For each taskset it loads a sample of tasks, runs the scripted oracle and the random agent through
-the real env (parser, tools, scorer), and prints what the model would see. The last line of stdout
-is one JSON object with the headline figures: per taskset the oracle's and the random agent's
-success rates on the sample (the oracle should be 1.0, the random agent near 0).
+the real env (parser, tools, scorer), and renders what the model would see; cli.py prints it, then
+one JSON object with the headline figures: per taskset the oracle's and the random agent's success
+rates on the sample (the oracle should be 1.0, the random agent near 0).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -84,8 +83,11 @@ def _mean(values: Sequence[float]) -> float:
     return round(float(np.mean(values)), 4) if len(values) else 0.0
 
 
-def tasks_command(argv: argparse.Namespace | Sequence[str] | None = None) -> int:
-    """Body of `trace-rl tasks`; accepts cli.py's Namespace or a list of arguments."""
+def tasks_report(argv: argparse.Namespace | Sequence[str] | None = None) -> tuple[str, dict[str, Any]]:
+    """Body of `trace-rl tasks` (cli.py's Namespace or a list of arguments): the text to show (rendered
+    prompts, oracle rollouts and a table; empty with `--json`) and the JSON summary."""
+    import io
+
     from rich.console import Console
     from rich.panel import Panel
     from rich.table import Table
@@ -94,7 +96,8 @@ def tasks_command(argv: argparse.Namespace | Sequence[str] | None = None) -> int
     from trace_rl.agent.tasks import available_tasksets, load_taskset
 
     args = _parse(argv)
-    console = Console(quiet=args.json, soft_wrap=False)
+    out = io.StringIO()
+    console = Console(file=out, quiet=args.json, soft_wrap=False, width=120)
     names = args.names or list(DEFAULT_TASKSETS)
     console.print(Text(f"registered tasksets: {', '.join(available_tasksets())}"))
     summary: dict[str, Any] = {}
@@ -127,18 +130,13 @@ def tasks_command(argv: argparse.Namespace | Sequence[str] | None = None) -> int
             title = f"{name} / {episode.task.task_id}: reward {episode.reward:g} in {episode.num_turns} turns"
             console.print(Panel(Text(episode.context), title=title, subtitle=f"gold: {episode.task.answers[0]!r}"))
     console.print(table)
-    print(
-        json.dumps(
-            {
-                "command": "tasks",
-                "registered": available_tasksets(),
-                "split": args.split,
-                "num_tasks": args.num_tasks,
-                "seed": args.seed,
-                "format": args.format,
-                "max_turns": args.max_turns,
-                "tasksets": summary,
-            }
-        )
-    )
-    return 0
+    return out.getvalue(), {
+        "command": "tasks",
+        "registered": available_tasksets(),
+        "split": args.split,
+        "num_tasks": args.num_tasks,
+        "seed": args.seed,
+        "format": args.format,
+        "max_turns": args.max_turns,
+        "tasksets": summary,
+    }

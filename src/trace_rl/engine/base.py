@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length", "eos"]
 """`stop`: a stop string was produced; `length`: `max_new_tokens` reached; `eos`: end-of-sequence token."""
@@ -96,7 +96,21 @@ class EngineError(RuntimeError):
 
 @runtime_checkable
 class Engine(Protocol):
-    """Token-in / token-out generation."""
+    """Token-in / token-out generation from a policy whose weights the trainer updates.
+
+    `accepts_weights` says whether `update_weights` works: an engine that cannot receive new weights
+    would keep sampling from the starting policy while the trainer trains another, so training refuses
+    to start on it (rollouts and evaluation still work).
+    """
+
+    accepts_weights: bool
+    weight_version: int
+    """The version of the weights it samples from now (the trainer's step that made them; 0: the start)."""
+
+    def update_weights(self, model: Any, *, version: int) -> None:
+        """Sample from `model`'s current weights from now on; `version` names them. Raises EngineError
+        when the engine cannot receive weights (`accepts_weights` is False)."""
+        ...
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
         """`params.n` completions for each prompt, in prompt order.

@@ -62,6 +62,7 @@ class HFEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        self.weight_version = 0
         if eos_token_ids is None:
             eos_token_ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
             extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -79,6 +80,15 @@ class HFEngine:
         """Engine for a `trace_rl.models.Policy`, using its EOS tokens."""
         kwargs.setdefault("eos_token_ids", policy.eos_token_ids or None)
         return cls(policy.model, policy.tokenizer, **kwargs)
+
+    accepts_weights = True
+
+    def update_weights(self, model: Any, *, version: int) -> None:
+        """Sample from `model` from now on. The trainer's module is usually this engine's own (the
+        policy is shared in-process), so nothing is copied; another module's weights are loaded."""
+        if model is not self.model:
+            self.model.load_state_dict(model.state_dict())
+        self.weight_version = int(version)
 
     @property
     def device(self) -> torch.device:

@@ -51,6 +51,16 @@ class OpenAIEngine:
     request that failed to connect, timed out or got a 5xx answer, waiting `retry_wait_s`, 2×, ...
     """
 
+    accepts_weights = False
+    """No weight push to the server yet: it samples from the weights it was started with."""
+    weight_version = 0
+
+    def update_weights(self, model: Any, *, version: int) -> None:
+        raise EngineError(
+            "OpenAIEngine cannot send new weights to its server yet, so the server would keep sampling from the "
+            "starting policy while training moves on (off-policy without saying so); train with model.engine=hf"
+        )
+
     def __init__(
         self,
         base_urls: str | Sequence[str],

@@ -1,6 +1,16 @@
-"""Success predictors Ṽψ(H): the contract, training targets, calibration, and implementations."""
+"""Success predictors Ṽψ(H): the contract, training targets, calibration, and implementations.
+
+A method names the kind of predictor it allocates from (`MethodSpec.predictor`); `build_predictor`
+makes it. Adding a predictor is one entry in `PREDICTORS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
 
 from trace_rl.predictor.base import (
+    KnowsPrompts,
     SuccessPredictor,
     backup_targets,
     brier_score,
@@ -9,13 +19,38 @@ from trace_rl.predictor.base import (
     natural_backup,
     rollout_starts,
 )
-from trace_rl.predictor.hashed import HashedNgramPredictor
+from trace_rl.predictor.hashed import HashedNgramPredictor, PredictorConfig
+from trace_rl.predictor.history import PromptHistoryPredictor
+
+PredictorKind = Literal["shared", "prompt_history", "knapsack_history"]
+
+PREDICTORS: dict[str, Callable[[PredictorConfig, int], SuccessPredictor]] = {
+    "shared": lambda config, seed: HashedNgramPredictor(config, seed=seed),
+    "prompt_history": lambda config, seed: PromptHistoryPredictor(),
+    "knapsack_history": lambda config, seed: PromptHistoryPredictor(estimate="last_epoch"),
+}
+"""`shared`: TRACE's text predictor over any history (reads `config`); `prompt_history`: each prompt's
+own past outcomes, Beta posterior; `knapsack_history`: each prompt's success rate the last time it was
+sampled, as Knapsack-RL estimates it."""
+
+
+def build_predictor(kind: PredictorKind, config: PredictorConfig, *, seed: int) -> SuccessPredictor:
+    if kind not in PREDICTORS:
+        raise ValueError(f"unknown predictor kind {kind!r} (known: {', '.join(PREDICTORS)})")
+    return PREDICTORS[kind](config, seed)
+
 
 __all__ = [
     "HashedNgramPredictor",
+    "KnowsPrompts",
+    "PREDICTORS",
+    "PredictorConfig",
+    "PredictorKind",
+    "PromptHistoryPredictor",
     "SuccessPredictor",
     "backup_targets",
     "brier_score",
+    "build_predictor",
     "calibration_report",
     "expected_calibration_error",
     "natural_backup",

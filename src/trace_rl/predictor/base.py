@@ -38,6 +38,14 @@ class SuccessPredictor(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
 
+@runtime_checkable
+class KnowsPrompts(Protocol):
+    """A predictor that can say which prompts its estimate is valid for (Knapsack-RL allocates the
+    others uniformly); the collector passes `known` to the allocator when the predictor has it."""
+
+    def known(self, histories: Sequence[History]) -> np.ndarray: ...
+
+
 def check_training_batch(
     histories: Sequence[History], targets: np.ndarray, weights: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -90,7 +98,7 @@ def backup_targets(
     - `"all"`: every leaf below y, the backup value V̂ of `RolloutTree.backup` (the mean reward of
       y's leaves). Fair only when no branching decision looked at outcomes.
 
-    Where each rollout started is read from the tree's shape (`rollout_starts`).
+    Where each rollout started is what the collector recorded on each node (`Node.rollout_start`).
 
     `weighting="count"` (default) weights a node by its counted leaves n. Cross-entropy is linear in
     the target, so n·CE(p, mean r) equals the sum of CE(p, r) over those leaves: the count weight
@@ -121,21 +129,9 @@ def backup_targets(
 
 
 def rollout_starts(tree: RolloutTree) -> np.ndarray:
-    """Per node, the id of the node where the rollout that made it began (the root: 0).
-
-    Read from the tree's shape: appending a turn to a node that already has children is branching
-    (see `RolloutTree.add_turn`), so the first child of a non-root node continues the rollout that
-    made the node, and any later child (and every child of the root) starts a new rollout at its
-    parent. A rollout left unfinished (non-terminal last node) and later continued from that node
-    reads as one rollout; collectors finish every rollout.
-    """
-    nodes = tree.nodes
-    start = np.zeros(len(nodes), dtype=np.int64)
-    for node in nodes[1:]:
-        parent = nodes[node.parent]
-        continues = node.parent != 0 and parent.children[0] == node.id
-        start[node.id] = start[node.parent] if continues else node.parent
-    return start
+    """Per node, the id of the node where the rollout that made it began (the root: 0), as recorded
+    on the tree when each turn was added (`Node.rollout_start`)."""
+    return np.array([node.rollout_start for node in tree.nodes], dtype=np.int64)
 
 
 def natural_backup(tree: RolloutTree) -> Backup:

@@ -60,6 +60,7 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
@@ -96,10 +97,10 @@ class _Logistic:
         return self.bias + np.bincount(rows, weights=self.weights[indices], minlength=count)
 
     def fit(
-        self, starts: np.ndarray, indices: np.ndarray, y: np.ndarray, w: np.ndarray, *, epochs: int, config: dict, rng: np.random.Generator
+        self, starts: np.ndarray, indices: np.ndarray, y: np.ndarray, w: np.ndarray, *, epochs: int, config: PredictorConfig, rng: np.random.Generator
     ) -> None:
         """`epochs` AdaGrad passes of weighted cross-entropy over the CSR examples, minibatches in `rng` order."""
-        lr, l2, size = config["learning_rate"], config["l2"], config["batch_size"]
+        lr, l2, size = config.learning_rate, config.l2, config.batch_size
         for _ in range(epochs):
             order = rng.permutation(y.size)
             for begin in range(0, y.size, size):
@@ -131,69 +132,76 @@ class _Logistic:
         self.bias, self.accum_bias = float(state["bias"]), float(state["accum_bias"])
 
 
-class HashedNgramPredictor:
-    """Ṽψ over hashed n-gram features of the prompt and turns; see the module docstring.
+@dataclass
+class PredictorConfig:
+    """Settings of the shared predictor Ṽψ (`HashedNgramPredictor`): the run config's `predictor` section.
 
-    Args:
-        num_features: size of each hashed weight vector (collisions are rare well below it).
-        max_ngram: longest word n-gram (1 = words only, 2 = words and word pairs).
-        learning_rate: AdaGrad step size.
-        l2: L2 penalty on the weights touched by a minibatch (the biases are not penalised).
-        epochs: passes of the shared model over each update's examples (and the replayed roots).
-        batch_size: minibatch size within an epoch.
-        initial_accumulator: AdaGrad's starting Σ g². A feature's step is lr·g/sqrt(this + Σ g²).
-            At 0 the first touch of any feature moves it by a full lr, so n-grams seen once (most of
-            them) memorise that example's target; a positive start lets a rare feature's small
-            gradient move it little, while frequent features soon outgrow the start. Too large a
-            start also slows informative words of middling frequency (a topic's words); 1e-3 gave
-            the best held-out error on the simulator (`trace_rl.bench`).
-        replay_batches: earlier updates whose root examples both models train on again (0: none).
-            Bounds the buffer; in a stationary world more is better (on the simulator keeping 20
-            batches instead of all 40 raised the held-out root error by 12%), while a policy that
-            keeps improving makes old roots stale.
-        root_epochs: passes of the root head over the (current and replayed) root examples per
-            update; 4 fits less, 16 no better than 8 on the simulator.
-        calibration_batches: updates whose out-of-sample prefix logits fit the Platt scaling of
-            prefix predictions (0: no calibration).
-        seed: seeds the minibatch order.
+    Their defaults live here and nowhere else.
     """
 
-    def __init__(
-        self,
-        *,
-        num_features: int = 2**18,
-        max_ngram: int = 2,
-        learning_rate: float = 0.3,
-        l2: float = 1e-4,
-        epochs: int = 2,
-        batch_size: int = 256,
-        initial_accumulator: float = 1e-3,
-        replay_batches: int = 64,
-        root_epochs: int = 8,
-        calibration_batches: int = 10,
-        seed: int = 0,
-    ) -> None:
-        self.config = {
-            "num_features": int(num_features),
-            "max_ngram": int(max_ngram),
-            "learning_rate": float(learning_rate),
-            "l2": float(l2),
-            "epochs": int(epochs),
-            "batch_size": int(batch_size),
-            "initial_accumulator": float(initial_accumulator),
-            "replay_batches": int(replay_batches),
-            "root_epochs": int(root_epochs),
-            "calibration_batches": int(calibration_batches),
-            "seed": int(seed),
-        }
-        self._check_config(self.config)
-        size, start = self.config["num_features"], self.config["initial_accumulator"]
+    num_features: int = 2**18
+    """Size of each hashed weight vector (collisions are rare well below it)."""
+    max_ngram: int = 2
+    """Longest word n-gram (1 = words only, 2 = words and word pairs)."""
+    learning_rate: float = 0.3
+    """AdaGrad step size."""
+    l2: float = 1e-4
+    """L2 penalty on the weights touched by a minibatch (the biases are not penalised)."""
+    epochs: int = 2
+    """Passes of the shared model over each update's examples (and the replayed roots)."""
+    batch_size: int = 256
+    """Minibatch size within an epoch."""
+    initial_accumulator: float = 1e-3
+    """AdaGrad's starting Σ g². A feature's step is lr·g/sqrt(this + Σ g²). At 0 the first touch of any
+    feature moves it by a full lr, so n-grams seen once (most of them) memorise that example's target;
+    a positive start lets a rare feature's small gradient move it little, while frequent features soon
+    outgrow the start. Too large a start also slows informative words of middling frequency (a topic's
+    words); 1e-3 gave the best held-out error on the simulator (`trace_rl.bench`)."""
+    replay_batches: int = 64
+    """Earlier updates whose root examples both models train on again (0: none). Bounds the buffer; in a
+    stationary world more is better (on the simulator keeping 20 batches instead of all 40 raised the
+    held-out root error by 12%), while a policy that keeps improving makes old roots stale."""
+    root_epochs: int = 8
+    """Passes of the root head over the (current and replayed) root examples per update; 4 fits less,
+    16 no better than 8 on the simulator."""
+    calibration_batches: int = 10
+    """Updates whose out-of-sample prefix logits fit the Platt scaling of prefix predictions (0: none)."""
+
+    def __post_init__(self) -> None:
+        if self.num_features < 2:
+            raise ValueError(f"num_features must be >= 2, got {self.num_features}")
+        if self.max_ngram < 1:
+            raise ValueError(f"max_ngram must be >= 1, got {self.max_ngram}")
+        if not self.learning_rate > 0.0 or not np.isfinite(self.learning_rate):
+            raise ValueError(f"learning_rate must be a finite number > 0, got {self.learning_rate}")
+        if not self.l2 >= 0.0 or not np.isfinite(self.l2):
+            raise ValueError(f"l2 must be a finite number >= 0, got {self.l2}")
+        if not self.initial_accumulator > 0.0 or not np.isfinite(self.initial_accumulator):
+            raise ValueError(f"initial_accumulator must be a finite number > 0, got {self.initial_accumulator}")
+        if self.epochs < 1 or self.batch_size < 1 or self.root_epochs < 1:
+            raise ValueError(
+                f"epochs, root_epochs and batch_size must be >= 1, got {self.epochs}, {self.root_epochs} and {self.batch_size}"
+            )
+        if self.replay_batches < 0 or self.calibration_batches < 0:
+            raise ValueError(
+                f"replay_batches and calibration_batches must be >= 0, got {self.replay_batches} and {self.calibration_batches}"
+            )
+
+
+class HashedNgramPredictor:
+    """Ṽψ over hashed n-gram features of the prompt and turns; see the module docstring and
+    `PredictorConfig` for the settings. `seed` seeds the minibatch order."""
+
+    def __init__(self, config: PredictorConfig | None = None, *, seed: int = 0) -> None:
+        self.config = PredictorConfig() if config is None else config
+        self.seed = int(seed)
+        size, start = self.config.num_features, self.config.initial_accumulator
         self._shared = _Logistic(size, start)  # every example; answers for prefixes
         self._root = _Logistic(size, start)  # root examples only; answers for roots
         self._replay: list[tuple[list[str], np.ndarray, np.ndarray]] = []  # per earlier update: root (prompts, targets, weights)
         self._calibration_data: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # per update: prefix (logits, targets, weights)
         self.calibration = (1.0, 0.0)  # Platt slope a and intercept c of prefix predictions: σ(a z + c)
-        self._rng = np.random.default_rng(self.config["seed"])
+        self._rng = np.random.default_rng(self.seed)
         self.num_updates = 0
         self._reset_caches()
 
@@ -204,28 +212,6 @@ class HashedNgramPredictor:
         self._turn_cache: dict[Turn, tuple[np.ndarray, np.ndarray, int]] = {}
         hashes, _ = self._gram_hashes([str(d) for d in range(_MAX_DEPTH_FEATURE + 1)])  # one word each
         self._depth_index = list(self._index(hashes, _salt("d:"))[:, None])
-
-    @staticmethod
-    def _check_config(config: dict) -> None:
-        if config["num_features"] < 2:
-            raise ValueError(f"num_features must be >= 2, got {config['num_features']}")
-        if config["max_ngram"] < 1:
-            raise ValueError(f"max_ngram must be >= 1, got {config['max_ngram']}")
-        if not config["learning_rate"] > 0.0:
-            raise ValueError(f"learning_rate must be > 0, got {config['learning_rate']}")
-        if config["l2"] < 0.0:
-            raise ValueError(f"l2 must be >= 0, got {config['l2']}")
-        if not config["initial_accumulator"] > 0.0:
-            raise ValueError(f"initial_accumulator must be > 0, got {config['initial_accumulator']}")
-        if config["epochs"] < 1 or config["batch_size"] < 1 or config["root_epochs"] < 1:
-            raise ValueError(
-                f"epochs, root_epochs and batch_size must be >= 1, "
-                f"got {config['epochs']}, {config['root_epochs']} and {config['batch_size']}"
-            )
-        if config["replay_batches"] < 0 or config["calibration_batches"] < 0:
-            raise ValueError(
-                f"replay_batches and calibration_batches must be >= 0, got {config['replay_batches']} and {config['calibration_batches']}"
-            )
 
     # ------------------------------------------------------------ features
 
@@ -245,7 +231,7 @@ class HashedNgramPredictor:
         words = np.array([known[w] for t in tokens for w in t], dtype=np.uint64)
         owner = np.repeat(np.arange(len(texts)), words_per_text)
         hashes, owners, gram = [words], [owner], words
-        for n in range(2, self.config["max_ngram"] + 1):
+        for n in range(2, self.config.max_ngram + 1):
             gram = (gram[:-1] * np.uint64(0x9E3779B1) + words[n - 1 :]) & np.uint64(0xFFFFFFFF)  # starts at i
             within = owner[: gram.size] == owner[n - 1 :]  # all n words in one text
             hashes.append(gram[within])
@@ -256,7 +242,7 @@ class HashedNgramPredictor:
 
     def _index(self, hashes: np.ndarray, salts: np.uint32 | np.ndarray) -> np.ndarray:
         # XOR with the namespace's own CRC keeps namespaces apart at the cost of one numpy op.
-        return ((hashes ^ salts) % np.uint32(self.config["num_features"])).astype(np.int64)
+        return ((hashes ^ salts) % np.uint32(self.config.num_features)).astype(np.int64)
 
     def _cache_prompts(self, prompts: list[str]) -> None:
         """Features of new prompts: (for every history of the prompt, extra for its root only)."""
@@ -366,9 +352,9 @@ class HashedNgramPredictor:
             return {"predictor/loss": 0.0, "predictor/loss_after": 0.0, "predictor/examples": 0.0}
         z, is_root = self._raw_logits(histories)
         loss_before = _cross_entropy(self._calibrate(z, is_root), y, w)
-        if self.config["calibration_batches"] and self.num_updates and (~is_root).any():  # untrained logits say nothing
+        if self.config.calibration_batches and self.num_updates and (~is_root).any():  # untrained logits say nothing
             prefix = ~is_root
-            self._calibration_data = [*self._calibration_data, (z[prefix], y[prefix], w[prefix])][-self.config["calibration_batches"] :]
+            self._calibration_data = [*self._calibration_data, (z[prefix], y[prefix], w[prefix])][-self.config.calibration_batches :]
             self.calibration = _fit_platt(*(np.concatenate(column) for column in zip(*self._calibration_data)))
 
         # Shared model: this whole batch, then the replayed roots. Root head: this batch's roots, then the replayed ones.
@@ -377,16 +363,16 @@ class HashedNgramPredictor:
         old_w = np.concatenate([np.zeros(0), *(v for _, _, v in self._replay)])
         rows, indices = self.features([*histories, *(History(p) for p in old_prompts)])
         shared = (_row_starts(rows, count + len(old_prompts)), indices, np.concatenate([y, old_y]), np.concatenate([w, old_w]))
-        self._shared.fit(*shared, epochs=self.config["epochs"], config=self.config, rng=self._rng)
+        self._shared.fit(*shared, epochs=self.config.epochs, config=self.config, rng=self._rng)
         roots = np.flatnonzero(is_root)
         new_prompts = [histories[i].prompt for i in roots]
         rows, indices = self._root_features(new_prompts + old_prompts)
         root_y, root_w = np.concatenate([y[roots], old_y]), np.concatenate([w[roots], old_w])
         root = (_row_starts(rows, roots.size + len(old_prompts)), indices, root_y, root_w)
-        self._root.fit(*root, epochs=self.config["root_epochs"], config=self.config, rng=self._rng)
+        self._root.fit(*root, epochs=self.config.root_epochs, config=self.config, rng=self._rng)
 
-        if self.config["replay_batches"]:
-            self._replay = [*self._replay, (new_prompts, y[roots].copy(), w[roots].copy())][-self.config["replay_batches"] :]
+        if self.config.replay_batches:
+            self._replay = [*self._replay, (new_prompts, y[roots].copy(), w[roots].copy())][-self.config.replay_batches :]
         self.num_updates += 1
         z_after, _ = self._raw_logits(histories)
         return {
@@ -405,7 +391,8 @@ class HashedNgramPredictor:
         return {
             "kind": "hashed_ngram",
             "version": _STATE_VERSION,
-            "config": dict(self.config),
+            "config": asdict(self.config),
+            "seed": self.seed,
             "shared": self._shared.state(),
             "root": self._root.state(),
             "replay": [{"prompts": list(p), "targets": t.copy(), "weights": v.copy()} for p, t, v in self._replay],
@@ -425,13 +412,14 @@ class HashedNgramPredictor:
                 f"state version must be {_STATE_VERSION}, got {state.get('version')!r}: it was saved by an older "
                 "HashedNgramPredictor (one model, no replay buffer), which cannot be resumed exactly"
             )
-        config = dict(state["config"])
-        self._check_config(config)
-        size = config["num_features"]
-        shared, root = _Logistic(size, config["initial_accumulator"]), _Logistic(size, config["initial_accumulator"])
+        known = {f.name for f in fields(PredictorConfig)}
+        config = PredictorConfig(**{k: v for k, v in state["config"].items() if k in known})
+        size = config.num_features
+        shared, root = _Logistic(size, config.initial_accumulator), _Logistic(size, config.initial_accumulator)
         shared.load(state["shared"], size)
         root.load(state["root"], size)
         self.config = config
+        self.seed = int(state.get("seed", state["config"].get("seed", 0)))
         self._reset_caches()  # cached indices may belong to another feature space
         self._shared, self._root = shared, root
         self._replay = [

@@ -3,8 +3,8 @@
 Needs the `report` extra (matplotlib) for the plots; the viewer needs nothing beyond the core.
 """
 
-from trace_rl.report.html import ReportFiles, build_report, report_command, write_report
-from trace_rl.report.plots import find_runs, load_run, plot_metrics, plot_path, plot_runs, read_metrics
+from trace_rl.report.html import ReportFiles, build_report, write_report
+from trace_rl.report.plots import find_runs, load_run, plot_metrics, plot_path, plot_runs
 from trace_rl.report.viewer import ViewerLimits, viewer_data, viewer_page, viewer_section, write_viewer
 
 __all__ = [
@@ -16,8 +16,6 @@ __all__ = [
     "plot_metrics",
     "plot_path",
     "plot_runs",
-    "read_metrics",
-    "report_command",
     "viewer_data",
     "viewer_page",
     "viewer_section",

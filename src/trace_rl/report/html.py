@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import html
 import json
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,32 +83,6 @@ def build_report(path: str | Path, *, limits: ViewerLimits | None = None) -> Rep
     out = folder / "report.html"
     out.write_text(page, encoding="utf-8")
     return ReportFiles(html=out, plots=plots, warnings=list(data["warnings"]))
-
-
-def report_command(run_dir: str | Path) -> int:
-    """`trace-rl report RUN_DIR`: write the report, print its path, then one JSON line."""
-    try:
-        report = build_report(run_dir)
-    except (FileNotFoundError, NotADirectoryError, ValueError, ModuleNotFoundError) as exc:
-        print(f"trace-rl report: {exc}", file=sys.stderr)
-        return 2
-    for warning in report.warnings:
-        print(f"trace-rl report: warning: {warning}", file=sys.stderr)
-    print(report.html)
-    print(
-        json.dumps(
-            {
-                "report": str(report.html),
-                "plots": [str(p) for p in report.plots],
-                "bytes": report.html.stat().st_size,
-                "warnings": len(report.warnings),
-            }
-        )
-    )
-    return 0
-
-
-# ---------------------------------------------------------------- page
 
 
 def _page(folder: Path, comparison: bool, runs: dict[str, list[RunMetrics]], plots: list[Path], data: dict) -> str:

@@ -21,8 +21,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-METHOD_ORDER = ("grpo", "prompt_only", "random_tree", "dapo", "trace_stage1", "trace_stage2", "trace")
-"""DESIGN.md's method names; they keep one colour each across every figure and table."""
+from trace_rl.methods import METHODS
+from trace_rl.rundir import read_metrics
+
+METHOD_ORDER = tuple(METHODS)
+"""The registry's method names, in its order; they keep one colour each across every figure and table."""
 
 ROLLOUTS_KEY = "rollout/rollouts_total"
 """Cumulative rollouts (leaves) so far: the x axis of accuracy-per-budget curves."""
@@ -96,34 +99,9 @@ PANELS: tuple[Panel, ...] = (
 )
 
 _LINESTYLES = ("-", "--", ":", "-.")
-_STEP_FILE = re.compile(r"step_(\d+)\.jsonl$")
 
 
 # ---------------------------------------------------------------- reading run folders
-
-
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The JSON objects of a `metrics.jsonl`, in file order.
-
-    A last line cut short (a run killed mid-write) is dropped; any other line that is not a JSON
-    object raises ValueError naming the file and line.
-    """
-    path = Path(path)
-    lines = path.read_text(encoding="utf-8").splitlines()
-    records = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if number == len(lines):
-                break
-            raise ValueError(f"{path}:{number}: not JSON: {exc}") from exc
-        if not isinstance(record, dict) or "step" not in record:
-            raise ValueError(f"{path}:{number}: expected a JSON object with a 'step' key")
-        records.append(record)
-    return records
 
 
 def load_run(run_dir: str | Path, method: str | None = None) -> RunMetrics:
@@ -175,40 +153,30 @@ def method_sort_key(name: str) -> tuple[int, str]:
     return (METHOD_ORDER.index(name), "") if name in METHOD_ORDER else (len(METHOD_ORDER), name)
 
 
+METHOD_COLORS = {
+    "grpo": "#7f7f7f",  # the baseline in grey
+    "prompt_only": "#1f77b4",
+    "knapsack": "#2ca02c",
+    "pcl": "#e377c2",
+    "random_tree": "#ff7f0e",
+    "dapo": "#8c564b",
+    "trace_stage1": "#9467bd",
+    "trace_stage2": "#17becf",
+    "trace": "#d62728",  # red, drawn last
+}
+_OTHER_COLORS = ("#bcbd22", "#393b79", "#637939", "#8c6d31", "#843c39")
+
+
 def method_colors(names: Sequence[str]) -> dict[str, str]:
-    """A fixed colour per known method (so `trace` looks the same in every figure); others follow."""
-    palette = [
-        "#7f7f7f",  # grpo: the baseline in grey
-        "#1f77b4",
-        "#ff7f0e",
-        "#8c564b",
-        "#9467bd",
-        "#17becf",
-        "#d62728",  # trace: red, drawn last
-        "#2ca02c",
-        "#e377c2",
-        "#bcbd22",
-    ]
-    colors, extra = {}, len(METHOD_ORDER)
+    """A fixed colour per registered method (so `trace` looks the same in every figure); others follow."""
+    colors, extra = {}, 0
     for name in names:
-        if name in METHOD_ORDER:
-            colors[name] = palette[METHOD_ORDER.index(name)]
+        if name in METHOD_COLORS:
+            colors[name] = METHOD_COLORS[name]
         else:
-            colors[name] = palette[extra % len(palette)]
+            colors[name] = _OTHER_COLORS[extra % len(_OTHER_COLORS)]
             extra += 1
     return colors
-
-
-def step_files(run_dir: str | Path) -> dict[int, Path]:
-    """A run's `trees/step_XXXX.jsonl` files by step, ascending."""
-    folder = Path(run_dir) / "trees"
-    files = {}
-    if folder.is_dir():
-        for path in folder.iterdir():
-            match = _STEP_FILE.search(path.name)
-            if match and path.is_file():
-                files[int(match.group(1))] = path
-    return dict(sorted(files.items()))
 
 
 # ---------------------------------------------------------------- aggregation over seeds

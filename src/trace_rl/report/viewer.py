@@ -37,8 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from trace_rl.report.plots import step_files
-from trace_rl.tree import RolloutTree, read_jsonl, tree_metrics
+from trace_rl.rundir import RunDir
+from trace_rl.metrics import tree_metrics
+from trace_rl.tree import RolloutTree, read_jsonl, subtree_rewards
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def viewer_data(runs: Sequence[tuple[str, str | Path]], limits: ViewerLimits | N
     warnings: list[str] = []
     loaded = []  # (label, path, [(step, file, trees | None, error)])
     for label, run_dir in runs:
-        files = step_files(run_dir)
+        files = RunDir(run_dir).tree_files()
         chosen = _spread(list(files), limits.max_steps)
         steps = []
         for step in chosen:
@@ -162,7 +163,7 @@ def _estimate(text_lengths: np.ndarray, nodes: int, cut: int) -> int:
 
 def _tree_data(tree: RolloutTree, text_chars: int, max_nodes: int) -> dict[str, Any]:
     backup = tree.backup()  # on the whole tree, before any nodes are dropped
-    low, high = _subtree_reward_range(tree)
+    mixed = subtree_rewards(tree).mixed
     nodes = tree.nodes[:max_nodes]
     rewards = tree.leaf_rewards()
     return {
@@ -185,24 +186,11 @@ def _tree_data(tree: RolloutTree, text_chars: int, max_nodes: int) -> dict[str, 
             "leaves": [int(backup.counts[n.id]) for n in nodes],
             "predicted": [_num(n.predicted) for n in nodes],
             "budget": [int(n.budget) for n in nodes],
-            "mixed_anchor": [int(len(n.children) >= 2 and high[n.id] > low[n.id]) for n in nodes],
+            "mixed_anchor": [int(len(n.children) >= 2 and mixed[n.id]) for n in nodes],
             "tokens": [len(n.token_ids) for n in nodes],
             "trained_tokens": [int(sum(n.mask)) for n in nodes],
         },
     }
-
-
-def _subtree_reward_range(tree: RolloutTree) -> tuple[np.ndarray, np.ndarray]:
-    """Lowest and highest leaf reward under every node (+inf / -inf with no finished leaf)."""
-    low = np.full(len(tree.nodes), np.inf)
-    high = np.full(len(tree.nodes), -np.inf)
-    for node in tree.nodes:
-        if node.reward is not None:
-            low[node.id] = high[node.id] = node.reward
-    for node in reversed(tree.nodes[1:]):  # children have larger ids than parents
-        low[node.parent] = min(low[node.parent], low[node.id])
-        high[node.parent] = max(high[node.parent], high[node.id])
-    return low, high
 
 
 def _cut(text: str, limit: int) -> str:

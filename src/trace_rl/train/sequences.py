@@ -77,6 +77,18 @@ def tree_sequences(trees: Sequence[RolloutTree], advantages: Sequence[NodeAdvant
     return sequences
 
 
+def pad_right(rows: Sequence[Sequence[float]], length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, length) tensor of `rows` right-padded with 0 and cut at `length`, and its (B, length) long
+    mask of real entries: the one padding routine of the RL update and the SFT warm start."""
+    values = torch.zeros(len(rows), length, dtype=dtype)
+    present = torch.zeros(len(rows), length, dtype=torch.long)
+    for row, items in enumerate(rows):
+        n = min(len(items), length)
+        values[row, :n] = torch.tensor(list(items[:n]), dtype=dtype)
+        present[row, :n] = 1
+    return values, present
+
+
 def pad_batch(sequences: Sequence[TrainSequence], *, max_len: int | None = None) -> TokenBatch:
     """Right-pad to the longest sequence (cut at `max_len`); per-token fields shift by one to align
     with next-token log-probs: position t of `advantages` belongs to token t+1."""
@@ -85,18 +97,9 @@ def pad_batch(sequences: Sequence[TrainSequence], *, max_len: int | None = None)
     length = max(len(s.token_ids) for s in sequences)
     if max_len is not None:
         length = min(length, max_len)
-    size = len(sequences)
-    ids = torch.zeros(size, length, dtype=torch.long)
-    attention = torch.zeros(size, length, dtype=torch.long)
-    adv = torch.zeros(size, length, dtype=torch.float32)
-    weight = torch.zeros(size, length, dtype=torch.float32)
-    old = torch.zeros(size, length, dtype=torch.float32)
-    for row, seq in enumerate(sequences):
-        n = min(len(seq.token_ids), length)
-        ids[row, :n] = torch.tensor(seq.token_ids[:n])
-        attention[row, :n] = 1
-        adv[row, :n] = torch.tensor(seq.advantages[:n])
-        weight[row, :n] = torch.tensor(seq.weights[:n])
-        old[row, :n] = torch.tensor(seq.old_logprobs[:n])
+    ids, attention = pad_right([s.token_ids for s in sequences], length, torch.long)
+    adv, _ = pad_right([s.advantages for s in sequences], length, torch.float32)
+    weight, _ = pad_right([s.weights for s in sequences], length, torch.float32)
+    old, _ = pad_right([s.old_logprobs for s in sequences], length, torch.float32)
     weight[:, 0] = 0.0  # the first token has no context to be predicted from (it is always the prompt's)
     return TokenBatch(ids, attention, adv[:, 1:], weight[:, 1:], old[:, 1:])

@@ -32,6 +32,7 @@ from trace_rl.agent.protocol import ANSWER, TurnFormat
 from trace_rl.agent.types import OraclePolicy, Rationale, Task, TaskSet, ToolCall
 from trace_rl.models import _atomic_folder, cache_root, load_policy, token_logprobs
 from trace_rl.rollout import encode_observation, encode_prompt
+from trace_rl.train.sequences import pad_right
 
 _RECIPE_VERSION = 3  # bump when the recipe changes in a way the cache key does not see (3: copy_ready_init)
 
@@ -288,16 +289,11 @@ def length_batches(lengths: Sequence[int], batch_size: int, rng: np.random.Gener
             yield batches[index]
 
 
-def pad_batch(batch: Sequences) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pad_sft_batch(batch: Sequences) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded (ids, attention mask, loss mask), each of shape (B, longest row)."""
     length = max(len(ids) for ids, _ in batch)
-    ids = torch.zeros(len(batch), length, dtype=torch.long)
-    attention = torch.zeros(len(batch), length, dtype=torch.long)
-    loss_mask = torch.zeros(len(batch), length, dtype=torch.float32)
-    for row, (seq, mask) in enumerate(batch):
-        ids[row, : len(seq)] = torch.tensor(seq)
-        attention[row, : len(seq)] = 1
-        loss_mask[row, : len(seq)] = torch.tensor(mask, dtype=torch.float32)
+    ids, attention = pad_right([seq for seq, _ in batch], length, torch.long)
+    loss_mask, _ = pad_right([mask for _, mask in batch], length, torch.float32)
     return ids, attention, loss_mask
 
 
@@ -341,7 +337,7 @@ def train_sft(
     torch.set_num_threads(os.cpu_count() or threads)
     try:
         for step in range(config.steps):
-            ids, attention, loss_mask = pad_batch([sequences[i] for i in next(batches)])
+            ids, attention, loss_mask = pad_sft_batch([sequences[i] for i in next(batches)])
             tokens += ids.numel()
             loss = masked_nll(model, ids.to(device), attention.to(device), loss_mask.to(device))
             optimizer.zero_grad(set_to_none=True)

@@ -7,44 +7,37 @@ One step, in the order of the paper:
     policy     ← clipped policy gradient over policy tokens (token mean, mini-batches, epochs)
     predictor  ← tree backup targets                       # serves allocation only
 
-Every step appends one line to `metrics.jsonl` and writes its trees; checkpoints hold everything
-needed to continue bit-for-bit (policy, optimiser, predictor, every RNG, counters), written
-atomically, so a killed run resumes from its last checkpoint and reaches the same numbers.
+Every step appends one line to the run folder's `metrics.jsonl` and writes its trees
+(`trace_rl.rundir`); checkpoints hold everything needed to continue bit-for-bit (policy, optimiser,
+predictor, every RNG, counters), written atomically, so a killed run resumes from its last
+checkpoint and reaches the same numbers. After every update the engine receives the new weights
+(`Engine.update_weights`), and each step logs the version it sampled from (`rollout/weight_version`).
 """
 
 from __future__ import annotations
 
 import copy
-import json
-import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from trace_rl.advantage import DEFAULT_ESTIMATOR, advantage_metrics, get_estimator
+from trace_rl.advantage import advantage_metrics, get_estimator
 from trace_rl.agent.types import Task
+from trace_rl.engine.base import Engine
+from trace_rl.methods import MethodSpec
+from trace_rl.metrics import predictor_metrics, rollout_metrics, tree_metrics
 from trace_rl.models import token_logprobs
-from trace_rl.predictor.base import backup_targets, brier_score, expected_calibration_error
-from trace_rl.report.plots import read_metrics
+from trace_rl.predictor.base import SuccessPredictor, backup_targets
+from trace_rl.rollout import TreeRolloutCollector
+from trace_rl.rundir import RunDir
 from trace_rl.train.loss import policy_loss
 from trace_rl.train.sequences import TrainSequence, pad_batch, tree_sequences
-from trace_rl.tree import RolloutTree, tree_metrics, write_jsonl
-
-METHOD_ESTIMATOR = {
-    "grpo": "grpo",
-    "dapo": "grpo",
-    "prompt_only": "grpo",
-    "random_tree": "tree_grpo",
-    "trace_stage1": DEFAULT_ESTIMATOR,
-    "trace_stage2": DEFAULT_ESTIMATOR,
-    "trace": DEFAULT_ESTIMATOR,
-}
-"""Each method's advantage estimator unless `train.advantage` names another."""
+from trace_rl.tree import RolloutTree
 
 
 @dataclass
@@ -67,6 +60,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     advantage: str | None = None
     """Advantage estimator (grpo | trace | treerl | tree_grpo); None: the method's default."""
+    advantage_options: dict[str, Any] = field(default_factory=dict)
+    """Keyword options of the estimator (e.g. `{scale_rewards: false}`, `{prefix_coef: 0.5}`)."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     """bf16 autocast where the CPU has native bf16 (or on GPU); fp32 otherwise."""
     eval_every: int = 5
@@ -90,8 +85,18 @@ class TrainConfig:
         if self.advantage is not None:
             get_estimator(self.advantage)  # raises with the nearest name
 
+    def estimator(self, method: MethodSpec) -> Callable[[Sequence[RolloutTree]], list]:
+        """The advantage estimator this run trains with, its options bound (checked now, on no trees)."""
+        name = self.advantage or method.estimator
+        estimate = get_estimator(name)
+        try:
+            estimate([], **self.advantage_options)
+        except TypeError as exc:
+            raise ValueError(f"advantage_options {self.advantage_options!r} do not fit estimator {name!r}: {exc}") from exc
+        return lambda trees: estimate(trees, **self.advantage_options)
 
-def held_out_accuracy(collector: Any, tasks: Sequence[Task], samples: int) -> dict[str, float]:
+
+def held_out_accuracy(collector: TreeRolloutCollector, tasks: Sequence[Task], samples: int) -> dict[str, float]:
     """Greedy accuracy (one rollout per task) and sampled accuracy (`samples` per task, at the
     collector's temperature)."""
     begin = time.perf_counter()
@@ -104,34 +109,41 @@ def held_out_accuracy(collector: Any, tasks: Sequence[Task], samples: int) -> di
     }
 
 
-def latest_checkpoint(run_dir: str | Path) -> Path:
-    """The checkpoint file `checkpoints/latest` points at; FileNotFoundError, naming it, if there is none."""
-    pointer = Path(run_dir) / "checkpoints" / "latest"
-    if not pointer.exists():
-        raise FileNotFoundError(f"{run_dir} has no checkpoint ({pointer} is missing)")
-    return pointer.parent / pointer.read_text().strip()
+@dataclass
+class TrainingSetup:
+    """What a `Trainer` trains and with what (`trace_rl.run.build_trainer` assembles it from a run config)."""
+
+    method: MethodSpec
+    model: torch.nn.Module
+    engine: Engine
+    """Samples the rollouts; receives the new weights after every update (`Engine.update_weights`)."""
+    collector: TreeRolloutCollector
+    predictor: SuccessPredictor
+    train_tasks: Sequence[Task]
+    test_tasks: Sequence[Task]
+    prompts_per_step: int
+    """Candidate prompts drawn per batch."""
+    seed: int
 
 
 class Trainer:
-    """Owns a run folder and the parts of a run; `run()` trains to `config.train.steps`."""
+    """Trains `setup` for `config.steps` steps into a run folder; `run()` does it, resuming where it stopped."""
 
-    def __init__(self, config: Any, parts: Any, run_dir: str | Path) -> None:
-        self.config = config
-        self.parts = parts
-        self.run_dir = Path(run_dir)
-        self.cfg: TrainConfig = config.train
-        self.method: str = config.rollout.method
-        self.estimator = get_estimator(self.cfg.advantage or METHOD_ESTIMATOR[self.method])
-        self.model = parts.policy.model
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
-        self.reference = copy.deepcopy(self.model).eval() if self.cfg.kl_coef > 0 else None
-        self.rng = np.random.default_rng(config.seed + 1)
+    def __init__(self, config: TrainConfig, setup: TrainingSetup, run_dir: str | Path | RunDir) -> None:
+        self.cfg = config
+        self.setup = setup
+        self.run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+        self.method = setup.method
+        self.estimator = config.estimator(setup.method)
+        self.model = setup.model
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.reference = copy.deepcopy(self.model).eval() if config.kl_coef > 0 else None
+        self.rng = np.random.default_rng(setup.seed + 1)
         self.step = 0
         self.totals = {"rollouts": 0.0, "tokens": 0.0}
-        self.autocast = _autocast_dtype(self.cfg.precision, self.model)
+        self.autocast = _autocast_dtype(config.precision, self.model)
         self._writers: list[Callable[[dict[str, float], int], None]] = []
-        (self.run_dir / "trees").mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        setup.engine.update_weights(self.model, version=0)
 
     # ------------------------------------------------------------------ loop
 
@@ -153,22 +165,26 @@ class Trainer:
 
     def train_step(self) -> dict[str, float]:
         start = time.perf_counter()
+        setup = self.setup
+        version = setup.engine.weight_version
         trees, collected, stats = self._collect()
         metrics: dict[str, float] = {"step": float(self.step + 1), **stats, **tree_metrics(collected)}
-        metrics.update(_rollout_figures(collected))
-        metrics.update(self._predictor_calibration(collected))
+        metrics["rollout/weight_version"] = float(version)
+        metrics.update(rollout_metrics(collected))
+        metrics.update(predictor_metrics(collected))
 
         begin = time.perf_counter()
         advantages = self.estimator(trees)
         metrics.update(advantage_metrics(trees, advantages))
         sequences = tree_sequences(trees, advantages)
         metrics.update(self._update_policy(sequences))
+        setup.engine.update_weights(self.model, version=self.step + 1)
         metrics["timing_s/update"] = time.perf_counter() - begin
 
         begin = time.perf_counter()
         histories, targets, weights = backup_targets(collected)
         if histories:
-            metrics.update(self.parts.predictor.update(histories, targets, weights))
+            metrics.update(setup.predictor.update(histories, targets, weights))
         metrics["timing_s/predictor"] = time.perf_counter() - begin
 
         self.step += 1
@@ -180,46 +196,36 @@ class Trainer:
         overhead = metrics.get("timing_s/alloc", 0.0) + metrics["timing_s/predictor"]
         metrics["timing_s/allocation_overhead_share"] = overhead / metrics["timing_s/step"]
         if self.cfg.save_trees:
-            write_jsonl(collected, self.run_dir / "trees" / f"step_{self.step:04d}.jsonl")
+            self.run_dir.write_trees(collected, self.step)
         return metrics
 
     def _collect(self) -> tuple[list[RolloutTree], list[RolloutTree], dict[str, float]]:
-        """(trees to train on, every tree sampled, rollout stats). They differ only for DAPO,
-        which drops zero-variance groups and samples more prompts until the batch is full; every
-        rollout it spends is counted in the stats."""
-        collector = self.parts.collector
-        rounds = self.cfg.dapo_max_rounds if self.method == "dapo" else 1
+        """(trees to train on, every tree sampled, rollout stats). They differ only for DAPO's
+        resampling, which drops zero-variance groups and samples more prompts until the batch is
+        full; every rollout it spends is counted in the stats."""
+        dapo = self.method.resample == "dapo"
+        rounds = self.cfg.dapo_max_rounds if dapo else 1
+        want = self.setup.prompts_per_step
         kept: list[RolloutTree] = []
         collected: list[RolloutTree] = []
         stats: dict[str, float] = {}
         for _ in range(rounds):
-            batch = collector.collect(self._draw_tasks())
+            batch = self.setup.collector.collect(self._draw_tasks())
             collected += batch.trees
             for key, value in batch.stats.items():
                 stats[key] = stats.get(key, 0.0) + value if key.startswith(("rollout/", "timing_s/")) else value
-            kept += [t for t in batch.trees if t.is_mixed()] if self.method == "dapo" else batch.trees
-            if len(kept) >= self.config.prompts_per_step:
+            kept += [t for t in batch.trees if t.is_mixed()] if dapo else batch.trees
+            if len(kept) >= want:
                 break
-        if self.method == "dapo":
-            kept = kept[: self.config.prompts_per_step]
+        if dapo:
+            kept = kept[:want]
             stats["rollout/dapo_kept_prompts"] = float(len(kept))
         return kept, collected, stats
 
     def _draw_tasks(self) -> list[Task]:
-        tasks = self.parts.train.tasks
-        count = min(self.config.prompts_per_step, len(tasks))
+        tasks = self.setup.train_tasks
+        count = min(self.setup.prompts_per_step, len(tasks))
         return [tasks[int(i)] for i in self.rng.choice(len(tasks), size=count, replace=False)]
-
-    def _predictor_calibration(self, trees: list[RolloutTree]) -> dict[str, float]:
-        """How well the predictions the allocator used match what the rollouts then showed."""
-        histories, targets, weights = backup_targets(trees)
-        if not histories:
-            return {}
-        predicted = self.parts.predictor.predict(histories)
-        return {
-            "predictor/brier": brier_score(predicted, targets, weights),
-            "predictor/ece": expected_calibration_error(predicted, targets, 10, weights),
-        }
 
     # ------------------------------------------------------------------ policy update
 
@@ -228,8 +234,8 @@ class Trainer:
         cfg = self.cfg
         if not sequences:  # no trained token (e.g. every group agreed): nothing to learn from
             return {"actor/pg_loss": 0.0, "actor/clipfrac": 0.0, "actor/kl": 0.0, "actor/grad_norm": 0.0, "actor/sequences": 0.0}
-        temperature = self.config.rollout.temperature
-        max_len = self.config.rollout.max_context_tokens
+        temperature = self.setup.collector.config.temperature
+        max_len = self.setup.collector.config.max_context_tokens
         device_type = next(self.model.parameters()).device.type
         torch_rng = torch.Generator().manual_seed(int(self.rng.integers(2**31 - 1)))
         per_update: list[dict[str, float]] = []
@@ -281,55 +287,48 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation
 
     def evaluate(self) -> dict[str, float]:
-        return held_out_accuracy(self.parts.collector, self.parts.test.tasks, self.cfg.eval_samples)
+        return held_out_accuracy(self.setup.collector, self.setup.test_tasks, self.cfg.eval_samples)
 
     # ------------------------------------------------------------------ checkpoints and logs
 
     def save_checkpoint(self) -> Path:
-        """Write `checkpoints/step_XXXX.pt` atomically and point `checkpoints/latest` at it."""
-        folder = self.run_dir / "checkpoints"
+        """Everything needed to continue bit-for-bit, written atomically (`RunDir.save_checkpoint`)."""
         state = {
             "step": self.step,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "predictor": self.parts.predictor.state_dict(),
+            "predictor": self.setup.predictor.state_dict(),
             "trainer_rng": self.rng.bit_generator.state,
-            "collector_rng": self.parts.collector.rng.bit_generator.state,
+            "collector": self.setup.collector.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "totals": dict(self.totals),
         }
-        path = folder / f"step_{self.step:04d}.pt"
-        _atomic_write(path, lambda tmp: torch.save(state, tmp))
-        _atomic_write(folder / "latest", lambda tmp: Path(tmp).write_text(path.name))
-        for old in sorted(folder.glob("step_*.pt"))[:-2]:  # keep the last two
-            old.unlink()
-        return path
+        return self.run_dir.save_checkpoint(state, self.step)
 
     def load_checkpoint(self) -> int:
         """Restore the latest checkpoint and cut `metrics.jsonl` back to it; returns its step."""
-        state = torch.load(latest_checkpoint(self.run_dir), weights_only=False)
+        state = self.run_dir.load_checkpoint()
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.parts.predictor.load_state_dict(state["predictor"])
+        self.setup.predictor.load_state_dict(state["predictor"])
         self.rng.bit_generator.state = state["trainer_rng"]
-        self.parts.collector.rng.bit_generator.state = state["collector_rng"]
+        self.setup.collector.load_state_dict(state["collector"])
         torch.set_rng_state(state["torch_rng"])
         self.totals = dict(state["totals"])
         self.step = int(state["step"])
-        metrics_path = self.run_dir / "metrics.jsonl"
-        if metrics_path.exists():  # drops the steps after the checkpoint, and a line the kill cut short
-            kept = [m for m in read_metrics(metrics_path) if m["step"] <= self.step]
-            _atomic_write(metrics_path, lambda tmp: Path(tmp).write_text("".join(json.dumps(m) + "\n" for m in kept)))
+        self.setup.engine.update_weights(self.model, version=self.step)
+        self.run_dir.truncate_metrics(self.step)
         return self.step
 
     def _open_writers(self) -> None:
         """TensorBoard and wandb, when asked; metrics.jsonl is always written."""
         if self._writers:
             return
+        folder = self.run_dir.path
         if self.cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # needs the `tensorboard` package
 
-            writer = SummaryWriter(str(self.run_dir / "tensorboard"))
+            writer = SummaryWriter(str(folder / "tensorboard"))
 
             def to_tensorboard(metrics: dict[str, float], step: int) -> None:
                 for key, value in metrics.items():
@@ -339,35 +338,17 @@ class Trainer:
             self._writers.append(to_tensorboard)
         if self.cfg.wandb_project:
             import wandb
+            import yaml
 
-            wandb.init(project=self.cfg.wandb_project, dir=str(self.run_dir), config=asdict(self.config))
+            config = yaml.safe_load(self.run_dir.config_path.read_text()) if self.run_dir.config_path.is_file() else {}
+            wandb.init(project=self.cfg.wandb_project, dir=str(folder), config=config)
             self._writers.append(lambda metrics, step: wandb.log(metrics, step=step))
 
     def _log(self, metrics: dict[str, float]) -> None:
-        line = {"step": self.step, "method": self.method, **{k: v for k, v in metrics.items() if k != "step"}}
-        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(line) + "\n")
+        self.run_dir.append_metrics({"step": self.step, "method": self.method.name, **{k: v for k, v in metrics.items() if k != "step"}})
         numeric = {k: float(v) for k, v in metrics.items() if k != "step"}
         for write in self._writers:
             write(numeric, self.step)
-
-
-def _rollout_figures(trees: list[RolloutTree]) -> dict[str, float]:
-    """verl-style figures over every rollout (root-to-leaf path) of the batch."""
-    rewards, lengths, turns = [], [], []
-    for tree in trees:
-        for leaf in tree.leaves():
-            path = tree.path(int(leaf))
-            rewards.append(tree.nodes[int(leaf)].reward)
-            lengths.append(sum(sum(tree.nodes[i].mask) for i in path))
-            turns.append(tree.nodes[int(leaf)].depth)
-    if not rewards:
-        return {}
-    return {
-        "critic/score/mean": float(np.mean(rewards)),
-        "response_length/mean": float(np.mean(lengths)),
-        "num_turns/mean": float(np.mean(turns)),
-    }
 
 
 def _autocast_dtype(precision: str, model: Any) -> torch.dtype | None:
@@ -380,10 +361,3 @@ def _autocast_dtype(precision: str, model: Any) -> torch.dtype | None:
     if precision == "bf16" or native:
         return torch.bfloat16
     return None
-
-
-def _atomic_write(path: Path, write: Callable[[str], Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    write(str(tmp))
-    os.replace(tmp, path)
-

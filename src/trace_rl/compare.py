@@ -19,14 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from trace_rl.report.plots import read_metrics
-from trace_rl.rollout import METHODS
+from trace_rl.methods import METHODS, MethodName
+from trace_rl.rundir import RunDir
 from trace_rl.run import RunConfig
 
 
 @dataclass
 class CompareConfig:
-    methods: list[str] = field(default_factory=lambda: ["grpo", "prompt_only", "random_tree", "trace"])
+    methods: list[MethodName] = field(default_factory=lambda: ["grpo", "prompt_only", "random_tree", "trace"])
     """Methods to run; the first is the baseline the others are measured against."""
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     accuracy: str = "val/accuracy_sampled"
@@ -84,12 +84,11 @@ def run_compare(
 
 
 def _finished(run_dir: Path, steps: int) -> bool:
-    return any(m["step"] >= steps for m in _run_metrics(run_dir))
+    return RunDir(run_dir).finished_steps() >= steps
 
 
 def _run_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    return read_metrics(path) if path.exists() else []
+    return RunDir(run_dir).metrics()
 
 
 def summarise(out: Path, config: CompareConfig) -> dict[str, Any]:

@@ -1,0 +1,163 @@
+"""The method registry: what each method name means, in one place.
+
+A method is a `MethodSpec`: how Stage 1 splits the budget over prompts, whether and how Stage 2
+expands prefixes, which advantage estimator trains on the trees, which success predictor feeds the
+allocator, and any resampling rule (DAPO's). The collector, the planner, the trainer, the
+allocation benchmark, the report and the CLI all read it from here, so a name means one thing
+everywhere. Adding a method is one `MethodSpec` entry below (plus its allocator, if it is new).
+
+    >>> get_method("trace").stage2 is expand_stage2
+    True
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from trace_rl.allocate import allocate_roots, expand_prefixes, knapsack_roots, pcl_roots, random_prefixes, uniform_roots
+from trace_rl.predictor import PredictorKind
+
+
+
+@dataclass(frozen=True)
+class AllocationSettings:
+    """The allocation knobs shared by every method (from `rollout.*` in training, `BenchConfig` in the
+    benchmark): the planner needs nothing else."""
+
+    budget: int
+    """Leaves per batch; a continuation from a prefix counts as one."""
+    stage1_share: float = 0.5
+    """Share of the budget spent on bare rollouts when the method has a Stage 2."""
+    min_per_prompt: int = 2
+    max_per_prompt: int | None = None
+    max_per_prefix: int | None = None
+    success_threshold: float = 0.5
+    """A bare rollout counts as a success (Stage 2's observed outcome r) when its reward exceeds this."""
+    pcl_keep_share: float = 0.5
+    """PCL: share of the candidate prompts kept (the candidate pool is 1 / share times larger)."""
+
+
+Stage1Allocator = Callable[[np.ndarray, int, AllocationSettings, "np.ndarray | None"], np.ndarray]
+"""(root values v, Stage-1 budget, settings, known) -> rollouts per prompt (int64, summing to the budget).
+`known` marks the prompts whose value the predictor vouches for (None: all; see `KnowsPrompts`)."""
+Stage2Allocator = Callable[[np.ndarray, np.ndarray, int, AllocationSettings, np.random.Generator], np.ndarray]
+"""(prefix values ṽ, observed outcomes r, Stage-2 budget, settings, rng) -> continuations per prefix."""
+
+
+def uniform_stage1(v: np.ndarray, budget: int, s: AllocationSettings, known: np.ndarray | None = None) -> np.ndarray:
+    return uniform_roots(len(v), budget, min_per_prompt=s.min_per_prompt)
+
+
+def exact_stage1(v: np.ndarray, budget: int, s: AllocationSettings, known: np.ndarray | None = None) -> np.ndarray:
+    return allocate_roots(v, budget, min_per_prompt=s.min_per_prompt, max_per_prompt=s.max_per_prompt)
+
+
+def knapsack_stage1(v: np.ndarray, budget: int, s: AllocationSettings, known: np.ndarray | None = None) -> np.ndarray:
+    return knapsack_roots(v, budget, min_per_prompt=s.min_per_prompt, max_per_prompt=s.max_per_prompt, known=known)
+
+
+def pcl_stage1(v: np.ndarray, budget: int, s: AllocationSettings, known: np.ndarray | None = None) -> np.ndarray:
+    keep = max(1, min(len(v), budget // s.min_per_prompt, round(len(v) * s.pcl_keep_share)))
+    return pcl_roots(v, budget, keep=keep, min_per_prompt=s.min_per_prompt)
+
+
+def expand_stage2(v: np.ndarray, r: np.ndarray, budget: int, s: AllocationSettings, rng: np.random.Generator) -> np.ndarray:
+    return expand_prefixes(v, r, budget, max_per_prefix=s.max_per_prefix)
+
+
+def random_stage2(v: np.ndarray, r: np.ndarray, budget: int, s: AllocationSettings, rng: np.random.Generator) -> np.ndarray:
+    return random_prefixes(v.size, budget, rng=rng, max_per_prefix=s.max_per_prefix)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """What one method does; see the module docstring."""
+
+    name: str
+    stage1: Stage1Allocator
+    stage2: Stage2Allocator | None
+    """None: no Stage 2, the whole budget goes to bare rollouts."""
+    estimator: str
+    """Advantage estimator (`trace_rl.advantage.ESTIMATORS`) unless `train.advantage` names another."""
+    predictor: PredictorKind
+    resample: Literal["dapo"] | None
+    """`dapo`: drop groups whose rewards all agree and sample more prompts until the batch is full."""
+    description: str
+    source: str
+
+    @property
+    def uses_values(self) -> bool:
+        """Whether its allocation reads the predictor (so the benchmark can feed it oracle values)."""
+        return self.stage1 is not uniform_stage1 or self.stage2 is expand_stage2
+
+    def stage1_budget(self, settings: AllocationSettings) -> int:
+        if self.stage2 is None:
+            return settings.budget
+        return max(settings.min_per_prompt, round(settings.budget * settings.stage1_share))
+
+    def stage2_budget(self, settings: AllocationSettings) -> int:
+        return settings.budget - self.stage1_budget(settings)
+
+    def describe(self) -> dict[str, str | None]:
+        """JSON-ready: allocator and estimator names, for help texts and summaries."""
+        return {
+            "name": self.name,
+            "stage1": self.stage1.__name__.removesuffix("_stage1"),
+            "stage2": None if self.stage2 is None else self.stage2.__name__.removesuffix("_stage2"),
+            "estimator": self.estimator,
+            "predictor": self.predictor,
+            "resample": self.resample,
+            "description": self.description,
+            "source": self.source,
+        }
+
+
+_TRACE = "TRACE, Tree Rollout Allocation for Contrastive Exploration (arXiv 2606.11119)"
+
+METHODS: dict[str, MethodSpec] = {
+    spec.name: spec
+    for spec in (
+        MethodSpec("grpo", uniform_stage1, None, "grpo", "shared", None,
+                   "uniform rollouts over the prompts, flat GRPO over each prompt's leaves",
+                   "GRPO, Shao et al. 2024, DeepSeekMath (arXiv 2402.03300)"),
+        MethodSpec("prompt_only", exact_stage1, None, "grpo", "prompt_history", None,
+                   "TRACE's exact Stage 1 alone, on each prompt's own past outcomes (Beta posterior); no Stage 2",
+                   f"ablation of {_TRACE}"),
+        MethodSpec("knapsack", knapsack_stage1, None, "grpo", "knapsack_history", None,
+                   "Knapsack-RL's allocation rule on each prompt's success rate from its last sampling",
+                   "Knapsack RL, Li et al. 2025 (arXiv 2509.25849)"),
+        MethodSpec("pcl", pcl_stage1, None, "grpo", "shared", None,
+                   "keep the candidate prompts predicted nearest p = 0.5, uniform rollouts on them",
+                   "PCL, Prompt Curriculum Learning, Gao et al. 2025 (arXiv 2510.01135)"),
+        MethodSpec("random_tree", uniform_stage1, random_stage2, "tree_grpo", "shared", None,
+                   "uniform bare rollouts, then continuations from prefixes drawn at random",
+                   "random prefix expansion as in TreePO (Li et al. 2025) and Tree-GRPO (Ji et al. 2025)"),
+        MethodSpec("dapo", uniform_stage1, None, "grpo", "shared", "dapo",
+                   "uniform rollouts; groups whose rewards agree are dropped and more prompts sampled (every rollout counted)",
+                   "DAPO dynamic sampling, Yu et al. 2025 (arXiv 2503.14476)"),
+        MethodSpec("trace_stage1", exact_stage1, None, "trace", "shared", None,
+                   "TRACE's exact Stage 1 on the shared predictor; no Stage 2", f"ablation of {_TRACE}"),
+        MethodSpec("trace_stage2", uniform_stage1, expand_stage2, "trace", "shared", None,
+                   "uniform bare rollouts, then TRACE's exact Stage 2 on the shared predictor", f"ablation of {_TRACE}"),
+        MethodSpec("trace", exact_stage1, expand_stage2, "trace", "shared", None,
+                   "TRACE: exact Stage 1 over prompts, exact Stage 2 over prefixes, one shared predictor", _TRACE),
+    )
+}
+"""Every method, in the order tables and plots show them (the baseline first, TRACE last)."""
+
+MethodName = Literal["grpo", "prompt_only", "knapsack", "pcl", "random_tree", "dapo", "trace_stage1", "trace_stage2", "trace"]
+"""The registry's names, for typed config fields (a test keeps it equal to `METHODS`)."""
+
+
+def get_method(name: str) -> MethodSpec:
+    """The spec of `name`; ValueError listing the known names (and the nearest one) otherwise."""
+    if name not in METHODS:
+        close = difflib.get_close_matches(str(name), METHODS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown method {name!r}{hint} (known: {', '.join(METHODS)})")
+    return METHODS[name]

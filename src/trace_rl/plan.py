@@ -1,0 +1,143 @@
+"""Planning: where a batch's rollouts start, decided from values and budgets alone.
+
+The planner is pure: it reads trees, the success estimates of the nodes it may spend on and the
+method's allocators, writes each node's `predicted` and `budget`, and returns `Request`s (start
+`count` rollouts at node `node` of tree `tree`). It never generates, steps an env or looks at
+tokens, so the training collector (`trace_rl.rollout`), the allocation benchmark on the simulator
+(`trace_rl.bench`) and a distributed collector all run this same code:
+
+    requests = plan_roots(method, settings, trees, v_root)            # Stage 1
+    ... execute: sample the bare rollouts ...
+    candidates = prefix_candidates(trees, can_expand)                 # intermediate prefixes
+    requests = plan_prefixes(method, settings, trees, candidates, v_prefix, rng)   # Stage 2
+    ... execute: sample the continuations ...
+
+Stage 2's observed outcome r of a prefix is the outcome of the one bare rollout through it (its
+backup value against `success_threshold`). Stage-2 budget that no prefix can take (no intermediate
+prefix, or every one at `max_per_prefix`) goes round-robin to the prompts already sampled, so a
+batch always holds exactly `budget` leaves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from trace_rl.methods import AllocationSettings, MethodSpec, uniform_stage1
+from trace_rl.tree import RolloutTree
+
+
+@dataclass(frozen=True)
+class Request:
+    """Start `count` rollouts at node `node` of tree number `tree` of the batch."""
+
+    tree: int
+    node: int
+    count: int
+
+
+Candidate = tuple[int, int]
+"""(tree index in the batch, node id): an intermediate prefix Stage 2 may expand."""
+
+
+def plan_roots(
+    method: MethodSpec,
+    settings: AllocationSettings,
+    trees: Sequence[RolloutTree],
+    values: np.ndarray | None,
+    known: np.ndarray | None = None,
+) -> list[Request]:
+    """Stage 1: rollouts per prompt. Sets every root's `budget`, and `predicted` when `values` are given
+    (they may be None for a method that does not read them: a uniform split). `known` marks the
+    prompts whose value the predictor vouches for (None: all), for allocators that care (Knapsack-RL)."""
+    if values is None:
+        if method.stage1 is not uniform_stage1:
+            raise ValueError(f"method {method.name!r} allocates Stage 1 from values; got none")
+        values = np.full(len(trees), 0.5)
+        record = False
+    else:
+        values = np.asarray(values, dtype=np.float64)
+        record = True
+    if values.shape != (len(trees),):
+        raise ValueError(f"values has shape {values.shape}, expected one per tree ({len(trees)})")
+    per_prompt = method.stage1(values, method.stage1_budget(settings), settings, known)
+    requests = []
+    for index, (tree, v, m) in enumerate(zip(trees, values, per_prompt)):
+        tree.root.budget = int(m)
+        if record:
+            tree.root.predicted = float(v)
+        if m > 0:
+            requests.append(Request(index, 0, int(m)))
+    return requests
+
+
+def prefix_candidates(
+    trees: Sequence[RolloutTree], can_expand: Callable[[int, int], bool] | None = None
+) -> list[Candidate]:
+    """Every intermediate prefix of the bare rollouts: non-terminal nodes below the root with a child,
+    in tree then id order; `can_expand(tree, node)` may veto some (e.g. no room left in the context)."""
+    return [
+        (index, node.id)
+        for index, tree in enumerate(trees)
+        for node in tree.nodes[1:]
+        if not node.is_terminal and node.children and (can_expand is None or can_expand(index, node.id))
+    ]
+
+
+def plan_prefixes(
+    method: MethodSpec,
+    settings: AllocationSettings,
+    trees: Sequence[RolloutTree],
+    candidates: Sequence[Candidate],
+    values: np.ndarray | None,
+    rng: np.random.Generator,
+) -> list[Request]:
+    """Stage 2: continuations per candidate prefix, then the leftover to sampled roots (see module doc).
+
+    Sets `predicted` on every candidate (when `values` are given) and `budget` on the expanded ones.
+    Returns [] for a method without Stage 2.
+    """
+    budget = method.stage2_budget(settings)
+    if method.stage2 is None or budget <= 0:
+        return []
+    if values is None:
+        values = np.full(len(candidates), 0.5)
+        record = False
+    else:
+        values = np.asarray(values, dtype=np.float64)
+        record = True
+    if values.shape != (len(candidates),):
+        raise ValueError(f"values has shape {values.shape}, expected one per candidate ({len(candidates)})")
+    backups = {}
+    for index, _ in candidates:
+        if index not in backups:
+            backups[index] = trees[index].backup().values
+    outcomes = np.array([backups[i][n] > settings.success_threshold for i, n in candidates], dtype=np.float64)
+    per_prefix = method.stage2(values, outcomes, budget, settings, rng) if candidates else np.zeros(0, dtype=np.int64)
+    requests = []
+    for (index, node_id), v, k in zip(candidates, values, per_prefix):
+        node = trees[index].nodes[node_id]
+        if record:
+            node.predicted = float(v)
+        if k > 0:
+            node.budget = int(k)
+            requests.append(Request(index, node_id, int(k)))
+    return requests + leftover_requests(trees, budget - int(per_prefix.sum()))
+
+
+def leftover_requests(trees: Sequence[RolloutTree], leftover: int) -> list[Request]:
+    """`leftover` more bare rollouts, round-robin over the prompts Stage 1 sampled (adds to their budget)."""
+    if leftover <= 0:
+        return []
+    sampled = [index for index, tree in enumerate(trees) if tree.root.budget > 0]
+    if not sampled:
+        raise ValueError("Stage 1 sampled no prompt, so Stage 2 has nowhere to spend its budget")
+    extra = np.bincount(np.arange(leftover) % len(sampled), minlength=len(sampled))
+    requests = []
+    for index, k in zip(sampled, extra):
+        if k:
+            trees[index].root.budget += int(k)
+            requests.append(Request(index, 0, int(k)))
+    return requests
