@@ -72,3 +72,17 @@ def test_shipped_configs_load(name):
     config = load_config(CompareConfig if name == "compare" else RunConfig, path)  # every key is known
     run = config.run if name == "compare" else config
     assert run.model.name == "tiny" and run.task.name == "multihop" and run.rollout.budget > 0
+
+
+def test_estimator_options_are_set_from_the_config_and_checked_when_it_loads():
+    from trace_rl.run import RunConfig
+
+    config = load_config(RunConfig, None, ["train.advantage_options={scale_rewards: false, prefix_coef: 0.5}"])
+    assert config.train.advantage_options == {"scale_rewards": False, "prefix_coef": 0.5}
+    with pytest.raises(ConfigError, match=r"train.advantage_options \{'bogus': 1\} do not fit estimator 'trace'"):
+        load_config(RunConfig, None, ["train.advantage_options={bogus: 1}"])
+    with pytest.raises(ConfigError, match="do not fit estimator 'grpo'"):  # grpo's own estimator has no prefix_coef
+        load_config(RunConfig, None, ["rollout.method=grpo", "train.advantage_options={prefix_coef: 0.5}"])
+    with pytest.raises(ConfigError, match="eps must be finite and >= 0"):
+        load_config(RunConfig, None, ["train.advantage_options={eps: -1}"])
+    load_config(RunConfig, None, ["train.advantage=treerl", "train.advantage_options={normalize_by_sqrt_leaves: false}"])

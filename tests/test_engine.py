@@ -190,3 +190,32 @@ def test_lora_policy_generates(tmp_path: Path) -> None:
     policy = load_policy("tiny", tokenizer_texts=TEXTS, tiny=config, cache_dir=tmp_path, lora=LoraSpec(r=2))
     results = HFEngine.from_policy(policy).generate(PROMPTS[:2], SamplingParams(n=2, max_new_tokens=5, seed=0))
     _assert_logprobs_match_teacher_forcing(policy, PROMPTS[:2], results)
+
+
+def test_update_weights_samples_from_the_new_weights_and_names_their_version(policy: Policy) -> None:
+    import copy
+
+    own = HFEngine.from_policy(policy)
+    own.update_weights(policy.model, version=3)  # the trainer's own module: shared, nothing to copy
+    assert own.weight_version == 3 and own.model is policy.model
+    other = copy.deepcopy(policy.model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.01)
+    engine = HFEngine(copy.deepcopy(policy.model), policy.tokenizer)
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=8)
+    prompt = [policy.tokenizer.encode("Question: who", add_special_tokens=False)]
+    engine.update_weights(other, version=1)
+    after = engine.generate(prompt, params)[0][0]
+    reference = HFEngine(other, policy.tokenizer).generate(prompt, params)[0][0]
+    assert engine.weight_version == 1
+    assert after.token_ids == reference.token_ids and after.logprobs == pytest.approx(reference.logprobs, abs=1e-6)
+
+
+def test_a_server_engine_refuses_new_weights_with_the_reason() -> None:
+    from trace_rl.engine import EngineError, OpenAIEngine
+
+    engine = OpenAIEngine("http://127.0.0.1:9")
+    assert engine.accepts_weights is False
+    with pytest.raises(EngineError, match="cannot send new weights to its server"):
+        engine.update_weights(None, version=1)

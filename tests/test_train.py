@@ -77,6 +77,8 @@ def test_training_updates_the_policy_and_writes_the_run_folder(tmp_path):
     assert (run / "checkpoints" / "latest").read_text() == "step_0002.pt"
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in logged] == [1, 2] and logged[0]["method"] == "trace"
+    assert [m["rollout/weight_version"] for m in logged] == [0, 1]  # each step samples from the last update
+    assert parts.engine.weight_version == 2
 
 
 def test_resume_reaches_the_same_metrics_and_weights_as_an_unbroken_run(tmp_path):

@@ -168,3 +168,52 @@ def test_backup_matches_mean_leaf_reward_on_random_trees():
             assert backup.counts[node.id] == len(below)
             if below:
                 assert backup.values[node.id] == pytest.approx(np.mean([tree.nodes[n].reward for n in below]))
+
+
+def test_interleaved_growth_records_where_each_rollout_started():
+    """A collector that grows several rollouts at once says which turn starts a rollout; the order of
+    children (which an interleaved collector does not control) no longer decides it."""
+    tree = RolloutTree.new("t", "q")
+    a1 = tree.add_turn(0, thought="a1", starts_rollout=True)
+    tree.add_turn(0, thought="b1", reward=0.0, starts_rollout=True)
+    c = tree.add_turn(a1, thought="c", reward=1.0, starts_rollout=True)  # a continuation from a1 comes first
+    a2 = tree.add_turn(a1, thought="a2", reward=0.0, starts_rollout=False)  # then rollout a goes on
+    assert tree.nodes[c].rollout_start == a1 and tree.nodes[a2].rollout_start == 0
+    assert tree.nodes[a1].children == [c, a2]  # child order says the opposite: the field is what counts
+    again = RolloutTree.from_dict(json.loads(json.dumps(tree.to_dict())))
+    assert [n.rollout_start for n in again.nodes] == [0, 0, 0, a1, 0]
+
+
+def test_rollout_start_must_be_the_parent_or_the_parents_start():
+    tree = RolloutTree.new("t", "q")
+    one = tree.add_turn(0, thought="x")
+    two = tree.add_turn(one, thought="y", reward=1.0)
+    data = tree.to_dict()
+    data["nodes"][two]["rollout_start"] = 5
+    with pytest.raises(ValueError, match="node 2 has rollout_start 5, expected its parent 1"):
+        RolloutTree.from_dict(data)
+
+
+def test_files_written_before_rollout_start_existed_read_it_from_the_shape():
+    tree = RolloutTree.new("t", "q")
+    one = tree.add_turn(0, thought="x")
+    tree.add_turn(one, thought="y", reward=1.0)
+    tree.add_turn(one, thought="z", reward=0.0)  # a continuation branched from node 1
+    data = tree.to_dict()
+    for node in data["nodes"]:
+        del node["rollout_start"]
+    assert [n.rollout_start for n in RolloutTree.from_dict(data).nodes] == [0, 0, 0, 1]
+
+
+def test_subtree_rewards_is_one_sweep_of_every_node_s_leaves():
+    tree = RolloutTree.new("t", "q")
+    one = tree.add_turn(0)
+    tree.add_turn(one, reward=1.0)
+    tree.add_turn(one, reward=0.0)
+    tree.add_turn(0, reward=1.0)
+    tree.add_turn(0)  # unfinished: no leaf below it
+    stats = subtree_rewards(tree)
+    np.testing.assert_array_equal(stats.counts, [3, 2, 1, 1, 1, 0])
+    np.testing.assert_array_equal(stats.sums, [2.0, 1.0, 1.0, 0.0, 1.0, 0.0])
+    np.testing.assert_array_equal(stats.mixed, [True, True, False, False, False, False])
+    assert stats.low[5] == np.inf and stats.high[5] == -np.inf

@@ -4,9 +4,11 @@
   m_i ∈ {0} ∪ [min_per_prompt, max_per_prompt] and Σ m_i == budget.
 - `expand_prefixes` (Stage 2): continuations per prefix, maximising Σ prefix_value(v_c, r_c, k_c) with
   0 <= k_c <= max_per_prefix and Σ k_c == min(budget, capacity).
-- Baselines at an equal budget: `uniform_roots` (GRPO) and `random_prefixes` (TreePO / Tree-GRPO style
-  random tree). Prompt-only allocation (PCL / Knapsack-RL style) is `allocate_roots` given the whole
-  budget and no Stage 2; it needs no code of its own.
+- Baselines at an equal budget: `uniform_roots` (GRPO), `random_prefixes` (TreePO / Tree-GRPO style
+  random tree), and the published prompt-level rules under their own names: `knapsack_roots`
+  (Knapsack-RL as released) and `pcl_roots` (PCL: keep the prompts predicted nearest p = 0.5). TRACE's
+  Stage 1 alone (`prompt_only`, `trace_stage1`) is `allocate_roots` given the whole budget.
+  `trace_rl.methods` maps each method name to these.
 
 Why the solvers are exact (w = min(v, 1 - v); f(m) = root_value(v, m); L, U = min/max per prompt):
 

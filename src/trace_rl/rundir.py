@@ -58,12 +58,10 @@ class RunDir:
     # ------------------------------------------------------------ config
 
     def write_config(self, config: Any) -> None:
-        import yaml
-
-        from trace_rl.config import to_dict
+        from trace_rl.config import dump_yaml
 
         self.path.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.config_path, lambda tmp: Path(tmp).write_text(yaml.safe_dump(to_dict(config), sort_keys=False), encoding="utf-8"))
+        atomic_write(self.config_path, lambda tmp: dump_yaml(config, tmp))
 
     # ------------------------------------------------------------ metrics
 
