@@ -65,8 +65,8 @@ def test_non_mapping_file_is_rejected(tmp_path):
 def test_shipped_configs_load(name):
     from pathlib import Path
 
-    from trace_rl.run import RunConfig
     from trace_rl.compare import CompareConfig
+    from trace_rl.run import RunConfig
 
     path = Path(__file__).resolve().parents[1] / "configs" / f"{name}.yaml"
     config = load_config(CompareConfig if name == "compare" else RunConfig, path)  # every key is known

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from trace_rl.predictor import (
-    PredictorConfig,
     HashedNgramPredictor,
+    PredictorConfig,
     SuccessPredictor,
     backup_targets,
     brier_score,

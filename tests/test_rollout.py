@@ -1,19 +1,20 @@
 """The collector against real tasks, env, tools and tokenizer, with a scripted engine for speed."""
 
+import zlib
+
 import numpy as np
 import pytest
+from scripted_engine import ScriptedEngine
 
 from trace_rl.agent.env import ToolEnv
 from trace_rl.agent.tasks import load_taskset
-from trace_rl.models import build_tokenizer
-from trace_rl.predictor.hashed import HashedNgramPredictor
 from trace_rl.methods import METHODS, get_method
+from trace_rl.models import build_tokenizer
 from trace_rl.plan import plan_prefixes, plan_roots, prefix_candidates
 from trace_rl.predictor import PredictorConfig, build_predictor
+from trace_rl.predictor.hashed import HashedNgramPredictor
 from trace_rl.rollout import RolloutConfig, TreeRolloutCollector
 from trace_rl.tree import read_jsonl, write_jsonl
-
-from scripted_engine import ScriptedEngine
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +140,7 @@ class FixedValues:
     """A predictor with fixed, distinct values per history (so allocations are not all ties)."""
 
     def predict(self, histories):
-        return np.array([(hash((h.task_id, len(h.turns), h.turns[-1].action if h.turns else "")) % 997) / 997 for h in histories])
+        return np.array([zlib.crc32(f"{h.task_id}|{len(h.turns)}|{h.turns[-1].action if h.turns else ''}".encode()) % 997 / 997 for h in histories])
 
 
 def _bare(tree):

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 from trace_rl.bench import ROWS, BenchConfig, learned_rows, run_batch, run_benchmark
-from trace_rl.metrics import FIGURES
+from trace_rl.metrics import FIGURES, tree_metrics
 from trace_rl.sim import LatentTreeSimulator, SimConfig
-from trace_rl.metrics import tree_metrics
 from trace_rl.tree import RolloutTree
 
 

@@ -8,18 +8,16 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
+from scripted_engine import ScriptedEngine, coin_flip_answers
 
 from trace_rl.agent.tasks import load_taskset
+from trace_rl.compare import CompareConfig, run_compare
 from trace_rl.config import ConfigError, load_config
 from trace_rl.models import TinyConfig, load_policy
 from trace_rl.rollout import TreeRolloutCollector
-from trace_rl.compare import CompareConfig, run_compare
 from trace_rl.run import Parts, RunConfig, build_env, build_predictor, build_trainer
-
-from scripted_engine import ScriptedEngine, coin_flip_answers
 
 REPO = Path(__file__).resolve().parents[1]
 TIMING = ("timing_s/",)

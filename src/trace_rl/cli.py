@@ -60,8 +60,8 @@ def _train(args: argparse.Namespace) -> int:
 
     from trace_rl.config import load_config
     from trace_rl.progress import progress_bar
-    from trace_rl.rundir import RunDir
     from trace_rl.run import RunConfig, headline, train_run
+    from trace_rl.rundir import RunDir
 
     if args.resume:
         run_dir = Path(args.resume)
@@ -79,11 +79,10 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
+    from trace_rl.compare import CompareConfig, run_compare, summary_table
     from trace_rl.config import load_config
     from trace_rl.progress import progress_bar
-    from trace_rl.run import policy_source
-    from trace_rl.compare import CompareConfig, run_compare, summary_table
-    from trace_rl.run import check_trainable
+    from trace_rl.run import check_trainable, policy_source
 
     config = load_config(CompareConfig, args.config, args.overrides)
     check_trainable(config.run)

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from trace_rl.methods import METHODS, MethodName
-from trace_rl.rundir import RunDir
 from trace_rl.run import RunConfig
+from trace_rl.rundir import RunDir
 
 
 @dataclass

@@ -12,8 +12,8 @@ import difflib
 import types
 import typing
 from collections.abc import Sequence
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml

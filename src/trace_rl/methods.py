@@ -23,7 +23,6 @@ from trace_rl.allocate import allocate_roots, expand_prefixes, knapsack_roots, p
 from trace_rl.predictor import PredictorKind
 
 
-
 @dataclass(frozen=True)
 class AllocationSettings:
     """The allocation knobs shared by every method (from `rollout.*` in training, `BenchConfig` in the

@@ -17,7 +17,6 @@ import numpy as np
 from trace_rl.predictor.base import brier_score, expected_calibration_error
 from trace_rl.tree import RolloutTree, subtree_rewards
 
-
 FIGURES = ("effective_ratio", "effective_per_candidate", "mixed_budget_share", "anchor_mixed_ratio")
 """The `tree/*` figures tables lead with, reported together because each alone can flatter: filtering
 prompts raises effective_ratio while effective_per_candidate falls; mixed_budget_share says where the

@@ -112,10 +112,11 @@ def check_trainable(config: RunConfig) -> None:
 
 def build_parts(config: RunConfig, *, progress: Callable[[int, float], None] | None = None) -> Parts:
     """Load the task splits, build the env, load (and warm-start) the policy, and wire the collector."""
+    import torch
+
     from trace_rl.engine.hf import HFEngine
     from trace_rl.engine.openai_server import OpenAIEngine
     from trace_rl.models import load_policy
-    import torch
 
     torch.set_num_threads(config.model.cpu_threads)
     task = config.task

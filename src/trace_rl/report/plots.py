@@ -11,7 +11,6 @@ headless and never changes the caller's matplotlib state. matplotlib is the `rep
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence

@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from trace_rl.rundir import RunDir
 from trace_rl.metrics import tree_metrics
+from trace_rl.rundir import RunDir
 from trace_rl.tree import RolloutTree, read_jsonl, subtree_rewards
 
 
