@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -219,3 +220,104 @@ def test_a_server_engine_refuses_new_weights_with_the_reason() -> None:
     assert engine.accepts_weights is False
     with pytest.raises(EngineError, match="cannot send new weights to its server"):
         engine.update_weights(None, version=1)
+
+
+# ---------------------------------------------------------------- the prefix cache
+
+
+def _turns(engine: HFEngine, prompts: list[list[int]], params: SamplingParams, observation: list[int], turns: int = 3):
+    """Multi-turn rollouts as the collector runs them: each turn's prompt is the last context plus the
+    completion plus an observation; returns every turn's completions."""
+    contexts, history = [list(p) for p in prompts], []
+    for turn in range(turns):
+        out = engine.generate(contexts, SamplingParams(**{**params.__dict__, "seed": 100 + turn}))
+        history.append(out)
+        contexts = [c + group[0].token_ids + observation for c, group in zip(contexts, out)]
+    return history
+
+
+def test_the_next_turn_prefills_only_its_new_tokens_and_samples_what_a_full_prefill_samples(policy: Policy) -> None:
+    cached, uncached = HFEngine.from_policy(policy), HFEngine.from_policy(policy, prefix_cache_mb=0)
+    prompts = [[2, *range(40, 60)], [2, *range(60, 90)]]
+    params = SamplingParams(n=2, max_new_tokens=10, seed=0)
+    observation = [5, *range(100, 120)]
+    with_cache, without = _turns(cached, prompts, params, observation), _turns(uncached, prompts, params, observation)
+    assert _tokens(with_cache[0]) == _tokens(without[0])
+    for turn, (a, b) in enumerate(zip(with_cache, without)):
+        assert _tokens(a) == _tokens(b), f"turn {turn}: the cache changed what was sampled"
+        for group_a, group_b in zip(a, b):
+            for x, y in zip(group_a, group_b):
+                assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
+                assert y.cached_tokens == 0
+    contexts = [list(p) for p in prompts]
+    for turn in range(1, 3):  # turn t reuses all of turn t-1's context but the completion's last token
+        contexts = [c + g[0].token_ids + observation for c, g in zip(contexts, with_cache[turn - 1])]
+        for context, group in zip(contexts, with_cache[turn]):
+            assert group[0].cached_tokens == len(context) - len(observation) - 1
+    final = [c + g[0].token_ids for c, g in zip(contexts, with_cache[-1])]
+    _assert_logprobs_match_teacher_forcing(policy, contexts, [[g[0]] for g in with_cache[-1]])
+    assert all(len(f) > len(c) for f, c in zip(final, contexts))
+
+
+def test_a_branch_from_an_intermediate_prefix_reuses_the_rollout_that_made_it(policy: Policy) -> None:
+    engine = HFEngine.from_policy(policy)
+    prompt = [2, *range(40, 70)]
+    first = engine.generate([prompt], SamplingParams(n=1, max_new_tokens=12, seed=1, ignore_eos=True))[0][0]
+    prefix = prompt + first.token_ids[:5]  # a prefix inside the cached sequence
+    branches = engine.generate([prefix], SamplingParams(n=3, max_new_tokens=8, seed=2))[0]
+    assert all(b.cached_tokens == len(prefix) - 1 for b in branches)
+    fresh = HFEngine.from_policy(policy, prefix_cache_mb=0).generate([prefix], SamplingParams(n=3, max_new_tokens=8, seed=2))[0]
+    assert [b.token_ids for b in branches] == [b.token_ids for b in fresh]
+    _assert_logprobs_match_teacher_forcing(policy, [prefix], [branches])
+
+
+def test_new_weights_empty_the_cache(policy: Policy) -> None:
+    engine = HFEngine.from_policy(policy)
+    prompt = [2, *range(40, 70)]
+    engine.generate([prompt], SamplingParams(n=1, max_new_tokens=4, seed=1))
+    assert engine.cache.entries
+    engine.update_weights(policy.model, version=1)
+    assert not engine.cache.entries
+    assert engine.generate([prompt + [50]], SamplingParams(n=1, max_new_tokens=2, seed=1))[0][0].cached_tokens == 0
+
+
+def test_the_cache_stays_within_its_budget_and_keeps_the_newest() -> None:
+    from trace_rl.engine.hf import PrefixCache
+
+    def layers(length):
+        return [(torch.zeros(2, length, 4), torch.zeros(2, length, 4))]  # 2 * 2*length*4 floats * 4 bytes
+
+    per_token = 2 * 2 * 4 * 4
+    cache = PrefixCache(max_bytes=100 * per_token)
+    cache.insert(list(range(40)), layers(40))
+    cache.insert(list(range(60)), layers(60))  # extends the first: it replaces it
+    assert [e.tokens.size for e in cache.entries.values()] == [60]
+    cache.insert([7] * 30, layers(30))
+    cache.insert([8] * 30, layers(30))  # over budget: the least recently used (60 tokens) leaves
+    assert sorted(e.tokens.size for e in cache.entries.values()) == [30, 30] and cache.nbytes <= cache.max_bytes
+    entry, length = cache.lookup([7] * 20 + [1])
+    assert entry is not None and length == 20
+    assert cache.lookup([7] * 30)[1] == 29  # the prompt's last token is always run
+
+
+def test_byte_stop_matching_agrees_with_decoding_the_tail(policy: Policy) -> None:
+    from trace_rl.engine.hf import StopMatcher, byte_table
+
+    engine = HFEngine.from_policy(policy)
+    table = byte_table(policy.tokenizer, engine.vocab_size)
+    assert table is not None
+    for token_id in range(engine.vocab_size):  # every token's bytes are what decoding gives
+        text = engine.decode([token_id])
+        if "\ufffd" not in text:
+            assert bytes(table[0][token_id, : table[1][token_id]].tolist()) == text.encode("utf-8"), token_id
+    rng = np.random.default_rng(0)
+    stops = ("</search>", "</answer>", "ab")
+    sequences = [rng.integers(0, engine.vocab_size, size=40).tolist() for _ in range(20)]
+    spelled = policy.tokenizer.encode("x</sea" + "rch> y </answer> ab", add_special_tokens=False)
+    sequences += [spelled + rng.integers(0, engine.vocab_size, size=40 - len(spelled)).tolist()]
+    matcher = StopMatcher(*table, stops, len(sequences))
+    length = min(len(s) for s in sequences)
+    for step in range(length):
+        hits = matcher.push(torch.tensor([s[step] for s in sequences])).tolist()
+        expected = [engine._ends_in_stop(s[: step + 1], stops, 12) for s in sequences]
+        assert hits == expected, step

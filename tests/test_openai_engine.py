@@ -322,3 +322,12 @@ def test_vllm_cpu_server_follows_the_engine_contract(vllm_server: tuple[str, Any
     assert "Paris" in greedy.text
     [[stopped]] = engine.generate(prompts[:1], SamplingParams(temperature=0.0, max_new_tokens=24, stop=("Paris",)))
     assert stopped.finish_reason == "stop" and stopped.text.endswith("Paris")
+
+
+def test_the_servers_prefix_cache_hits_are_read_from_usage():
+    from trace_rl.engine.openai_server import _cached_tokens
+
+    assert _cached_tokens({"usage": {"prompt_tokens": 90, "prompt_tokens_details": {"cached_tokens": 64}}}) == 64
+    assert _cached_tokens({"usage": {"prompt_tokens": 90, "prompt_tokens_details": None}}) == 0
+    assert _cached_tokens({"usage": {"prompt_tokens_details": {"cached_tokens": -3}}}) == 0
+    assert _cached_tokens({}) == 0

@@ -181,3 +181,27 @@ def test_the_collector_allocates_exactly_what_the_planner_plans_from_its_predict
         for tree, bare, ids in zip(trees, replay, originals):
             assert [n.budget for n in bare.nodes] == [tree.nodes[i].budget for i in ids]
             assert sum(n.budget for n in tree.nodes) == tree.leaves().size  # nothing outside the plan
+
+
+def test_with_the_prefix_cache_a_batch_prefills_little_more_than_its_prompts_and_observations(world, tmp_path):
+    """Real tiny policy and HF engine: each turn prefills only its new observation (and the token
+    before it), a continuation only what its prefix did not hold; the trees are those of a run
+    without the cache."""
+    from trace_rl.engine.hf import HFEngine
+    from trace_rl.models import TinyConfig, load_policy
+
+    taskset, env, _, _ = world
+    texts = [p.text for p in taskset.corpus[:50]]
+    policy = load_policy("tiny", seed=0, tokenizer_texts=texts, tiny=TinyConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, vocab_size=600), cache_dir=tmp_path)
+    config = RolloutConfig(method="trace", budget=24, max_new_tokens=24)
+
+    def collect(cache_mb):
+        engine = HFEngine.from_policy(policy, prefix_cache_mb=cache_mb)
+        return TreeRolloutCollector(engine, policy.tokenizer, env, HashedNgramPredictor(), config, seed=2).collect(taskset.tasks[:6])
+
+    cached, plain = collect(1024), collect(0)
+    assert [[n.token_ids for n in t.nodes] for t in cached.trees] == [[n.token_ids for n in t.nodes] for t in plain.trees]
+    prompts = sum(len(t.root.token_ids) for t in cached.trees)
+    needed = prompts + cached.stats["rollout/tokens_observation"]
+    assert plain.stats["rollout/tokens_prefill"] > 2 * needed  # without the cache every turn re-prefills its history
+    assert cached.stats["rollout/tokens_prefill"] <= 1.5 * needed

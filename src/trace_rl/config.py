@@ -171,10 +171,17 @@ class ModelConfig:
     server_urls: list[str] = field(default_factory=list)
     max_batch_size: int = 64
     """Sequences the `hf` engine decodes together."""
+    prefix_cache_mb: float = 1024.0
+    """Memory the `hf` engine may keep for the KV caches of earlier turns and branches (0: none, every
+    prompt is prefilled whole); emptied whenever the weights change."""
     cpu_threads: int = 1
     """torch CPU threads. One is fastest for the tiny model (its ops are too small to split) and does
     not collapse when other jobs share the cores, as busy-waiting worker threads do; raise it for
     larger models on an idle machine."""
+
+    def __post_init__(self) -> None:
+        if not (self.prefix_cache_mb >= 0 and self.prefix_cache_mb < float("inf")):
+            raise ValueError(f"prefix_cache_mb must be a finite number >= 0, got {self.prefix_cache_mb!r}")
 
 
 @dataclass

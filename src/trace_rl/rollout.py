@@ -300,7 +300,7 @@ class TreeRolloutCollector:
         begin = time.perf_counter()
         outs = self.engine.generate(contexts, params)
         batch.timings["timing_s/gen"] += time.perf_counter() - begin
-        batch.tokens["prefill"] += sum(len(c) for c in contexts)
+        batch.tokens["prefill"] += sum(len(c) - group[0].cached_tokens for c, group in zip(contexts, outs))
         batch.tokens["generated"] += sum(len(o.token_ids) for group in outs for o in group)
         return outs
 

@@ -131,7 +131,7 @@ def build_parts(config: RunConfig, *, progress: Callable[[int, float], None] | N
             raise ValueError("model.engine=openai needs model.server_urls (e.g. ['http://127.0.0.1:8000'])")
         engine = OpenAIEngine(model.server_urls)
     else:
-        engine = HFEngine.from_policy(policy, max_batch_size=model.max_batch_size)
+        engine = HFEngine.from_policy(policy, max_batch_size=model.max_batch_size, prefix_cache_mb=model.prefix_cache_mb)
     predictor = build_predictor(config)
     collector = TreeRolloutCollector(engine, policy.tokenizer, env, predictor, config.rollout, seed=config.seed)
     return Parts(train=train, test=test, env=env, policy=policy, engine=engine, predictor=predictor, collector=collector)

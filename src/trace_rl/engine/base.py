@@ -81,6 +81,9 @@ class Completion:
     finish_reason: FinishReason
     stop_reason: str | None = field(default=None)
     """The stop string that ended the completion when `finish_reason == "stop"`."""
+    cached_tokens: int = 0
+    """Tokens of the prompt the engine took from its prefix cache instead of prefilling them (vLLM's
+    `usage.prompt_tokens_details.cached_tokens`); the same for every completion of one prompt."""
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):

@@ -1,17 +1,28 @@
 """In-process generation with Hugging Face transformers, on CPU or GPU, with our own sampling loop.
 
 Why our own loop rather than `model.generate`: log-probs, stop strings and per-sequence seeds must
-be exact, and branching must not redo work. Each prompt is prefilled ONCE; its KV cache is then
-repeated for the `n` continuations (`DynamicCache.batch_repeat_interleave`), so Stage-2 branches
-from a long prefix cost one prefill, not `n`. Prompts of different lengths share a batch, left
-padded, with attention masks and positions counted from each prompt's first real token. Finished
-sequences leave the batch (`batch_select_indices`), so they stop costing compute.
+be exact, and neither branching nor the next turn of a rollout may redo work.
+
+- **Prefix cache.** The engine keeps the KV cache of every sequence it has generated (prompt +
+  completion), up to a memory budget (`prefix_cache_mb`, least recently used first out). A new
+  prompt reuses the longest cached prefix and prefills only the rest: the next turn of a rollout
+  (its context + the new observation) prefills only the observation, and a Stage-2 continuation from
+  an intermediate prefix prefills nothing the bare rollout had already computed. It is keyed by token
+  ids alone, as vLLM's and SGLang's automatic prefix caching are, so the collector's requests are the
+  same for every engine. New weights (`update_weights`) empty it.
+- **One prefill per prompt.** A prompt's KV cache is repeated for its `n` continuations
+  (`batch_repeat_interleave`). Prompts of a batch are laid out as [padding, cached prefix, padding,
+  new tokens], with attention masks and positions counted from each prompt's first real token.
+  Finished sequences leave the batch (`batch_select_indices`), so they stop costing compute.
+- **No per-row Python per token.** Uniforms come from a counter-based generator (splitmix64 of the
+  row's key and the token's position), sampling is one inverse-CDF over the batch, and stop strings
+  are matched on a rolling window of each row's last bytes, all vectorised.
 
 Reproducibility: a sample's randomness depends only on (seed, prompt tokens, how many samples of
-that same prompt came before it in the call), never on batch composition. So `generate([p], n=4)`
-and `generate([p, p, p, p], n=1)` draw the same tokens, and a prompt gives the same completions
-alone or in a batch (up to float rounding in padded batches, which could flip a token only when
-its uniform draw lands within ~1e-6 of a probability boundary).
+that same prompt came before it in the call, position), never on batch composition or on what the
+cache held. So `generate([p], n=4)` and `generate([p, p, p, p], n=1)` draw the same tokens, and a
+prompt gives the same completions alone, in a batch, or from a cached prefix (up to float rounding,
+~1e-6 in the logits, which could flip a token only when its uniform lands that close to a boundary).
 """
 
 from __future__ import annotations
@@ -21,24 +32,167 @@ import inspect
 import os
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from .base import Completion, FinishReason, SamplingParams, check_prompts, cut_at_stop
 
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def counter_uniforms(keys: np.ndarray, position: int) -> np.ndarray:
+    """One uniform in [0, 1) per row from (row key, position): splitmix64, vectorised, no state."""
+    with np.errstate(over="ignore"):
+        z = keys.astype(np.uint64) + np.uint64(position + 1) * _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * _MIX1
+        z = (z ^ (z >> np.uint64(27))) * _MIX2
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
+
 
 @dataclass
-class _Row:
-    """One sequence being generated: its own random stream and what it has produced so far."""
+class _Entry:
+    """One cached sequence: its token ids and, per layer, its keys and values (heads, length, dim)."""
 
-    generator: torch.Generator
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish: FinishReason | None = None
+    tokens: np.ndarray  # (L,) int64
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    nbytes: int
+    used: int = 0
+
+
+class PrefixCache:
+    """KV caches of finished sequences, looked up by longest common token prefix, within a byte budget."""
+
+    _KEY = 16  # entries are indexed by their first tokens; a prompt shorter than this is never cached
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = int(max_bytes)
+        self.entries: dict[int, _Entry] = {}
+        self._by_head: dict[tuple[int, ...], set[int]] = {}
+        self._next_id = 0
+        self._clock = 0
+        self.nbytes = 0
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self._by_head.clear()
+        self.nbytes = 0
+
+    def lookup(self, prompt: list[int]) -> tuple[_Entry | None, int]:
+        """The entry sharing the longest prefix with `prompt` and that length, at most len(prompt) - 1
+        (the last prompt token is always run, for its logits)."""
+        if self.max_bytes <= 0 or len(prompt) <= self._KEY:
+            return None, 0
+        ids = self._by_head.get(tuple(prompt[: self._KEY]), ())
+        best, best_length = None, 0
+        query = np.asarray(prompt, dtype=np.int64)
+        for entry_id in ids:
+            entry = self.entries[entry_id]
+            n = min(entry.tokens.size, query.size - 1)
+            differ = np.flatnonzero(entry.tokens[:n] != query[:n])
+            length = int(differ[0]) if differ.size else n
+            if length > best_length:
+                best, best_length = entry, length
+        if best is not None:
+            self._clock += 1
+            best.used = self._clock
+        return best, best_length
+
+    def insert(self, tokens: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Cache a sequence; entries it extends (its own prefixes) are dropped as redundant."""
+        if self.max_bytes <= 0 or len(tokens) <= self._KEY:
+            return
+        nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
+        if nbytes > self.max_bytes:
+            return
+        array = np.asarray(tokens, dtype=np.int64)
+        head = tuple(tokens[: self._KEY])
+        bucket = self._by_head.setdefault(head, set())
+        for entry_id in list(bucket):
+            old = self.entries[entry_id].tokens
+            if old.size <= array.size and np.array_equal(old, array[: old.size]):
+                self._drop(entry_id)
+        while self.entries and self.nbytes + nbytes > self.max_bytes:
+            self._drop(min(self.entries, key=lambda i: self.entries[i].used))
+        self._clock += 1
+        self.entries[self._next_id] = _Entry(array, layers, nbytes, self._clock)
+        self._by_head.setdefault(head, set()).add(self._next_id)
+        self._next_id += 1
+        self.nbytes += nbytes
+
+    def _drop(self, entry_id: int) -> None:
+        entry = self.entries.pop(entry_id)
+        self.nbytes -= entry.nbytes
+        bucket = self._by_head[tuple(entry.tokens[: self._KEY].tolist())]
+        bucket.discard(entry_id)
+        if not bucket:
+            del self._by_head[tuple(entry.tokens[: self._KEY].tolist())]
+
+
+class StopMatcher:
+    """Which rows' newest token completed a stop string: a rolling window of each row's last bytes,
+    compared with every stop string in one batched test. Needs each token's bytes (byte-level BPE)."""
+
+    def __init__(self, token_bytes: torch.Tensor, token_lengths: torch.Tensor, stop: Sequence[str], rows: int) -> None:
+        self.table, self.lengths = token_bytes, token_lengths  # (V, L) uint8 left-aligned, (V,)
+        self.stops = [torch.tensor(list(s.encode("utf-8")), dtype=torch.uint8) for s in stop]
+        self.width = max((len(s) for s in self.stops), default=1) - 1 + token_bytes.shape[1]
+        self.window = torch.zeros((rows, self.width), dtype=torch.uint8)
+        self._shift = torch.arange(self.width)
+
+    def push(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Append each row's token; True where a stop string now ends in the window."""
+        tokens = tokens.cpu()
+        new = self.lengths[tokens]  # (B,) bytes the newest tokens add
+        joined = torch.cat([self.window, self.table[tokens]], dim=1)  # (B, W + L)
+        self.window = joined.gather(1, new[:, None] + self._shift[None])
+        hit = torch.zeros(tokens.shape[0], dtype=torch.bool)
+        for stop in self.stops:
+            m = stop.numel()
+            windows = self.window.unfold(1, m, 1)  # (B, W - m + 1, m)
+            ends_in_new = torch.arange(m, self.width + 1)[None] > (self.width - new)[:, None]  # match overlaps the new bytes
+            hit |= ((windows == stop).all(dim=-1) & ends_in_new).any(dim=-1)
+        return hit
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.window = self.window[keep.cpu()]
+
+
+def byte_table(tokenizer: Any, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Each token id's bytes as decoding (without special tokens) produces them, for byte-level BPE
+    tokenizers (GPT-2 style: `tiny`, SmolLM2); None for other tokenizers (stop strings are then
+    matched by decoding a window of tokens)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or type(backend.decoder).__name__ != "ByteLevel":
+        return None
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    to_byte = {c: b for b, c in bytes_to_unicode().items()}
+    added = getattr(tokenizer, "added_tokens_decoder", {})
+    special = set(getattr(tokenizer, "all_special_ids", []))
+    rows: list[bytes] = []
+    for token_id in range(vocab_size):
+        piece = tokenizer.convert_ids_to_tokens(token_id) if token_id < len(tokenizer) else None
+        if piece is None or token_id in special or (token_id in added and added[token_id].special):
+            rows.append(b"")
+        elif token_id in added:
+            rows.append(added[token_id].content.encode("utf-8"))
+        elif all(c in to_byte for c in piece):
+            rows.append(bytes(to_byte[c] for c in piece))
+        else:
+            return None  # not a pure byte-level vocabulary
+    width = max(1, max(len(r) for r in rows))
+    table = torch.zeros((vocab_size, width), dtype=torch.uint8)
+    for token_id, data in enumerate(rows):
+        table[token_id, : len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+    return table, torch.tensor([len(r) for r in rows], dtype=torch.long)
 
 
 class HFEngine:
@@ -47,6 +201,7 @@ class HFEngine:
     `max_batch_size` caps the sequences decoded together (prompts are grouped so that
     prompts × n stays under it; one prompt with a larger n still runs as one group).
     `eos_token_ids` end a completion; by default the tokenizer's EOS and the generation config's.
+    `prefix_cache_mb` bounds the prefix cache (0 turns it off: every prompt is prefilled whole).
     """
 
     def __init__(
@@ -56,22 +211,28 @@ class HFEngine:
         *,
         eos_token_ids: Sequence[int] | None = None,
         max_batch_size: int = 64,
+        prefix_cache_mb: float = 1024.0,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size!r}")
+        if not prefix_cache_mb >= 0:
+            raise ValueError(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb!r}")
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.weight_version = 0
+        self.cache = PrefixCache(int(prefix_cache_mb * 2**20))
         if eos_token_ids is None:
             eos_token_ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
             extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
             eos_token_ids = [*eos_token_ids, *([extra] if isinstance(extra, int) else extra or [])]
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self._eos = torch.tensor(sorted(self.eos_token_ids), dtype=torch.long)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_token_id = int(pad or 0)
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self._backend = getattr(tokenizer, "backend_tokenizer", None)  # Rust decode, no Python cleanup
+        self._bytes = byte_table(tokenizer, self.vocab_size)
         forward = getattr(model, "get_base_model", lambda: model)().forward
         self._cache_kwarg = "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
@@ -85,9 +246,11 @@ class HFEngine:
 
     def update_weights(self, model: Any, *, version: int) -> None:
         """Sample from `model` from now on. The trainer's module is usually this engine's own (the
-        policy is shared in-process), so nothing is copied; another module's weights are loaded."""
+        policy is shared in-process), so nothing is copied; another module's weights are loaded.
+        Either way the prefix cache, computed with the old weights, is emptied."""
         if model is not self.model:
             self.model.load_state_dict(model.state_dict())
+        self.cache.clear()
         self.weight_version = int(version)
 
     @property
@@ -103,33 +266,33 @@ class HFEngine:
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
         prompts = check_prompts(prompts, self.vocab_size)
-        rows = self._rows(prompts, params)
+        keys = self._row_keys(prompts, params)
+        out: list[list[Completion]] = [[] for _ in prompts]
         # Group prompts of similar length (less padding), at most max_batch_size sequences a group.
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         per_group = max(1, self.max_batch_size // params.n)
         for start in range(0, len(order), per_group):
             group = order[start : start + per_group]
-            self._generate_group([prompts[i] for i in group], [rows[i] for i in group], params)
-        return [[self._completion(row, params) for row in prompt_rows] for prompt_rows in rows]
+            completions = self._generate_group([prompts[i] for i in group], keys[group], params)
+            for i, completion in zip(group, completions):
+                out[i] = completion
+        return out
 
     # ------------------------------------------------------------ internals
 
-    def _rows(self, prompts: list[list[int]], params: SamplingParams) -> list[list[_Row]]:
-        """One row per sample, each with a generator seeded from (seed, prompt tokens, occurrence)."""
+    def _row_keys(self, prompts: list[list[int]], params: SamplingParams) -> np.ndarray:
+        """(prompts, n) uint64 keys, one per sample, from (seed, prompt tokens, occurrence)."""
         base = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
         seen: Counter[bytes] = Counter()
-        rows = []
-        for prompt in prompts:
+        keys = np.zeros((len(prompts), params.n), dtype=np.uint64)
+        for i, prompt in enumerate(prompts):
             key = hashlib.blake2b(repr((base, prompt)).encode(), digest_size=16).digest()
-            prompt_rows = []
-            for _ in range(params.n):
+            for j in range(params.n):
                 occurrence = seen[key]
                 seen[key] += 1
-                row_seed = hashlib.blake2b(key + occurrence.to_bytes(8, "little"), digest_size=8).digest()
-                generator = torch.Generator().manual_seed(int.from_bytes(row_seed, "little") >> 1)
-                prompt_rows.append(_Row(generator=generator))
-            rows.append(prompt_rows)
-        return rows
+                row = hashlib.blake2b(key + occurrence.to_bytes(8, "little"), digest_size=8).digest()
+                keys[i, j] = np.uint64(int.from_bytes(row, "little"))
+        return keys
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
         out = self.model(
@@ -142,56 +305,113 @@ class HFEngine:
         )
         return out.logits[:, -1].float()  # (B, V)
 
-    def _generate_group(self, prompts: list[list[int]], rows: list[list[_Row]], params: SamplingParams) -> None:
+    def _prefill(self, prompts: list[list[int]]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+        """Cache, last logits (P, V), attention mask and next positions of each prompt, reusing cached
+        prefixes; also how many tokens of each prompt came from the cache."""
         device = self.device
-        length = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), length), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), length), dtype=torch.long)
-        for i, prompt in enumerate(prompts):  # left padding: every prompt ends at the last column
-            ids[i, length - len(prompt) :] = torch.tensor(prompt)
-            mask[i, length - len(prompt) :] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-
-        # One prefill per prompt, then the cache is repeated for its n continuations.
+        found = [self.cache.lookup(prompt) for prompt in prompts]
+        cached = [length for _, length in found]
+        past, new = max(cached), max(len(p) - c for p, c in zip(prompts, cached))
+        ids = torch.full((len(prompts), new), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), past + new), dtype=torch.long)
+        positions = torch.zeros((len(prompts), new), dtype=torch.long)
+        for i, (prompt, c) in enumerate(zip(prompts, cached)):
+            rest = prompt[c:]  # [padding, cached prefix, padding, new tokens]
+            ids[i, new - len(rest) :] = torch.tensor(rest)
+            mask[i, past - c : past] = 1
+            mask[i, past + new - len(rest) :] = 1
+            positions[i, new - len(rest) :] = torch.arange(c, len(prompt))
         cache = DynamicCache(config=self.model.config)
-        logits = self._forward(ids, mask, positions, cache)  # (P, V)
-        next_position = positions[:, -1] + 1  # (P,)
-        if params.n > 1:
-            cache.batch_repeat_interleave(params.n)
-            logits = logits.repeat_interleave(params.n, dim=0)
-            mask = mask.repeat_interleave(params.n, dim=0)
-            next_position = next_position.repeat_interleave(params.n, dim=0)
-        _reserve(cache, params.max_new_tokens)
-        active = [row for prompt_rows in rows for row in prompt_rows]  # batch order: prompt-major
+        if past:
+            sample = next(entry for entry, _ in found if entry is not None).layers
+            for layer, (k0, v0) in enumerate(sample):
+                keys = k0.new_zeros((len(prompts), k0.shape[0], past, k0.shape[-1]))
+                values = v0.new_zeros((len(prompts), v0.shape[0], past, v0.shape[-1]))
+                for i, (entry, c) in enumerate(found):
+                    if c:
+                        keys[i, :, past - c :] = entry.layers[layer][0][:, :c]
+                        values[i, :, past - c :] = entry.layers[layer][1][:, :c]
+                cache.update(keys, values, layer)
+        ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
+        logits = self._forward(ids, mask, positions, cache)
+        return cache, logits, mask, positions[:, -1] + 1, cached
 
-        stop_window = max((len(s.encode("utf-8")) for s in params.stop), default=0) + 4
-        for step in range(params.max_new_tokens):
-            tokens, logprobs = self._sample(logits, [row.generator for row in active], params)
-            for row, token, logprob in zip(active, tokens.tolist(), logprobs.tolist()):
-                row.token_ids.append(token)
-                row.logprobs.append(logprob)
-                if token in self.eos_token_ids and not params.ignore_eos:
-                    row.finish = "eos"
-                elif params.stop and self._ends_in_stop(row.token_ids, params.stop, stop_window):
-                    row.finish = "stop"
-                elif step + 1 == params.max_new_tokens:
-                    row.finish = "length"
-            keep = [i for i, row in enumerate(active) if row.finish is None]
-            if not keep:
+    def _generate_group(self, prompts: list[list[int]], keys: np.ndarray, params: SamplingParams) -> list[list[Completion]]:
+        n, steps = params.n, params.max_new_tokens
+        cache, logits, mask, next_position, cached = self._prefill(prompts)
+        if n > 1:  # one prefill per prompt, then its cache is repeated for its n continuations
+            cache.batch_repeat_interleave(n)
+            logits = logits.repeat_interleave(n, dim=0)
+            mask = mask.repeat_interleave(n, dim=0)
+            next_position = next_position.repeat_interleave(n, dim=0)
+        _reserve(cache, steps)
+        rows = len(prompts) * n  # batch order: prompt-major
+        row_prompt = [prompts[r // n] for r in range(rows)]
+        row_keys = keys.reshape(-1)
+        tokens_out = torch.zeros((rows, steps), dtype=torch.long)
+        logps_out = torch.zeros((rows, steps), dtype=torch.float64)
+        lengths = np.zeros(rows, dtype=np.int64)
+        finish: list[FinishReason | None] = [None] * rows
+        active = torch.arange(rows)
+        matcher = StopMatcher(*self._bytes, params.stop, rows) if params.stop and self._bytes is not None else None
+        for step in range(steps):
+            tokens, logprobs = self._sample(logits, row_keys[active.numpy()], step, params)
+            tokens_cpu = tokens.cpu()
+            tokens_out[active, step] = tokens_cpu
+            logps_out[active, step] = logprobs.cpu().double()
+            eos = torch.isin(tokens_cpu, self._eos) if not params.ignore_eos else torch.zeros_like(tokens_cpu, dtype=torch.bool)
+            stop = self._stops(matcher, tokens_out, active, step, params)
+            done = eos | stop if step + 1 < steps else torch.ones_like(eos)
+            for j in torch.nonzero(done).flatten().tolist():
+                row = int(active[j])
+                finish[row] = "eos" if eos[j] else "stop" if stop[j] else "length"
+                lengths[row] = step + 1
+                self._store(cache, mask, j, row_prompt[row] + tokens_out[row, :step].tolist())
+            keep = torch.nonzero(~done).flatten()
+            if keep.numel() == 0:
                 break
-            if len(keep) < len(active):  # finished sequences leave the batch
-                index = torch.tensor(keep, device=device)
+            if keep.numel() < active.numel():  # finished sequences leave the batch
+                index = keep.to(mask.device)
                 cache.batch_select_indices(index)
                 mask, tokens, next_position = mask[index], tokens[index], next_position[index]
-                active = [active[i] for i in keep]
-            mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
+                active = active[keep]
+                if matcher is not None:
+                    matcher.select(keep)
+            mask = torch.cat([mask, mask.new_ones((active.numel(), 1))], dim=1)
             logits = self._forward(tokens[:, None], mask, next_position[:, None], cache)
             next_position = next_position + 1
+        completions = []
+        for i in range(len(prompts)):
+            group = []
+            for row in range(i * n, (i + 1) * n):
+                ids = tokens_out[row, : lengths[row]].tolist()
+                group.append(self._completion(ids, logps_out[row, : lengths[row]].tolist(), finish[row], params, cached[i]))
+            completions.append(group)
+        return completions
 
-    def _sample(
-        self, logits: torch.Tensor, generators: list[torch.Generator], params: SamplingParams
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _stops(self, matcher: StopMatcher | None, tokens: torch.Tensor, active: torch.Tensor, step: int, params: SamplingParams) -> torch.Tensor:
+        """Rows whose newest token completed a stop string."""
+        if not params.stop:
+            return torch.zeros(active.numel(), dtype=torch.bool)
+        if matcher is not None:
+            return matcher.push(tokens[active, step])
+        window = max(len(s.encode("utf-8")) for s in params.stop) + 4  # a tokenizer without a byte table
+        return torch.tensor([self._ends_in_stop(tokens[row, : step + 1].tolist(), params.stop, window) for row in active.tolist()])
+
+    def _store(self, cache: Any, mask: torch.Tensor, index: int, tokens: list[int]) -> None:
+        """Put row `index`'s keys and values (its real positions only) into the prefix cache."""
+        if self.cache.max_bytes <= 0 or len(tokens) <= PrefixCache._KEY:
+            return
+        real = torch.nonzero(mask[index]).flatten()
+        layers = []
+        for layer in cache.layers:
+            if not getattr(layer, "is_initialized", False) or layer.keys is None:
+                return  # a layer kind we cannot slice (e.g. sliding windows): cache nothing
+            layers.append((layer.keys[index][:, real].clone(), layer.values[index][:, real].clone()))
+        if layers and layers[0][0].shape[1] == len(tokens):
+            self.cache.insert(tokens, layers)
+
+    def _sample(self, logits: torch.Tensor, keys: np.ndarray, position: int, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
         """Sampled token and its log softmax(logits / T) for each row (see engine.base)."""
         if params.temperature == 0.0:
             logp = torch.log_softmax(logits, dim=-1)
@@ -201,9 +421,9 @@ class HFEngine:
             probs = logp.double().exp()
             if params.top_p < 1.0:
                 probs = _top_p_filter(probs, params.top_p)
-            # Inverse-CDF sampling with one uniform per row from that row's own CPU generator, so
-            # the draw is the same on any device and in any batch.
-            uniform = torch.tensor([torch.rand((), generator=g, dtype=torch.float64).item() for g in generators])
+            # Inverse-CDF sampling with one counter-based uniform per row, so the draw is the same
+            # on any device and in any batch.
+            uniform = torch.from_numpy(counter_uniforms(keys, position))
             cdf = probs.cumsum(dim=-1)
             target = (uniform.to(cdf.device) * cdf[:, -1])[:, None]
             tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
@@ -219,18 +439,19 @@ class HFEngine:
             common += 1
         return any(after.find(s, max(0, common - len(s) + 1)) >= 0 for s in stop)
 
-    def _completion(self, row: _Row, params: SamplingParams) -> Completion:
-        assert row.finish is not None
-        text_ids = row.token_ids[:-1] if row.finish == "eos" else row.token_ids  # EOS may not be special
+    def _completion(self, token_ids: list[int], logprobs: list[float], finish: FinishReason | None, params: SamplingParams, cached: int) -> Completion:
+        assert finish is not None
+        text_ids = token_ids[:-1] if finish == "eos" else token_ids  # EOS may not be special
         text, stop_reason = self.decode(text_ids), None
-        if row.finish == "stop":
+        if finish == "stop":
             text, stop_reason = cut_at_stop(text, params.stop)
         return Completion(
-            token_ids=row.token_ids,
-            logprobs=row.logprobs,
+            token_ids=token_ids,
+            logprobs=logprobs,
             text=text,
-            finish_reason=row.finish,
+            finish_reason=finish,
             stop_reason=stop_reason,
+            cached_tokens=cached,
         )
 
 

@@ -157,7 +157,8 @@ class OpenAIEngine:
             got = len(choices) if isinstance(choices, list) else "no"
             raise EngineError(f"{url}/completions answered with {got} choices, expected n={params.n}: {_clip(response)}")
         ordered = sorted(choices, key=lambda c: c.get("index", 0))
-        return [_parse_choice(choice, url) for choice in ordered]
+        cached = _cached_tokens(response)
+        return [_parse_choice(choice, url, cached) for choice in ordered]
 
     def _model_name(self, url: str) -> str:
         if self.model is not None:
@@ -207,7 +208,16 @@ def _api_base(url: str) -> str:
     return url + "/v1" if path == "" else url
 
 
-def _parse_choice(choice: dict[str, Any], url: str) -> Completion:
+def _cached_tokens(response: dict[str, Any]) -> int:
+    """Prompt tokens the server's prefix cache served (vLLM / SGLang `usage.prompt_tokens_details.
+    cached_tokens`, sent when the server enables prompt-token details); 0 when it does not say."""
+    usage = response.get("usage")
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    value = details.get("cached_tokens") if isinstance(details, dict) else None
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _parse_choice(choice: dict[str, Any], url: str, cached_tokens: int = 0) -> Completion:
     logprobs = choice.get("logprobs") or {}
     values = logprobs.get("token_logprobs")
     token_ids = choice.get("token_ids")
@@ -239,6 +249,7 @@ def _parse_choice(choice: dict[str, Any], url: str) -> Completion:
         text=str(choice.get("text", "")),
         finish_reason=finish,
         stop_reason=stop_reason if finish == "stop" else None,
+        cached_tokens=cached_tokens,
     )
 
 
