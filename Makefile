@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 test: $(STAMP)
+	@scripts/system_packages.sh bubblewrap chromium
 	$(BIN)/python -m pytest
 
 test-slow: $(STAMP)
@@ -26,6 +27,7 @@ test-slow: $(STAMP)
 
 # Warm start (cached after the first run) + TRACE training of the tiny policy, then the HTML report.
 demo: $(STAMP)
+	@scripts/system_packages.sh bubblewrap
 	rm -rf runs/demo
 	$(BIN)/trace-rl train --config configs/demo.yaml --out runs/demo
 	$(BIN)/trace-rl report runs/demo

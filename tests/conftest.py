@@ -5,3 +5,21 @@ import torch
 # One thread: the tiny models' ops are too small to split, and busy-waiting worker threads make
 # every op many times slower when other jobs share the machine's two cores.
 torch.set_num_threads(1)
+
+import os
+
+import pytest
+
+
+def skip_without_sandbox(isolation: str | None = None) -> None:
+    """Skip (or, with TRACE_RL_SANDBOX_TESTS=require as in CI, fail) when model code cannot run here:
+    no bubblewrap and no usable fallback. `make test` installs bubblewrap where it can."""
+    from trace_rl.agent.sandbox import ISOLATIONS, isolation_problem
+
+    levels = (isolation,) if isolation else ISOLATIONS
+    problems = {level: isolation_problem(level) for level in levels}
+    if all(problems.values()):
+        reason = "; ".join(f"{level}: {problem}" for level, problem in problems.items())
+        if os.environ.get("TRACE_RL_SANDBOX_TESTS") == "require":
+            pytest.fail(f"the sandbox is required here (TRACE_RL_SANDBOX_TESTS=require) but cannot run: {reason}")
+        pytest.skip(f"no sandbox can run model code on this machine ({reason}); install bubblewrap")

@@ -86,3 +86,4 @@ def test_estimator_options_are_set_from_the_config_and_checked_when_it_loads():
     with pytest.raises(ConfigError, match="eps must be finite and >= 0"):
         load_config(RunConfig, None, ["train.advantage_options={eps: -1}"])
     load_config(RunConfig, None, ["train.advantage=treerl", "train.advantage_options={normalize_by_sqrt_leaves: false}"])
+

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
+from conftest import skip_without_sandbox
 
 from trace_rl.agent.agents import OracleAgent, RandomAgent, run_episode
 from trace_rl.agent.env import EnvSnapshot, StepResult, ToolEnv, check_env
@@ -438,6 +439,8 @@ def test_oracle_solves_every_bundled_task_through_the_real_tools(bundled, fmt):
 
 def test_random_agent_almost_never_solves_a_bundled_task(bundled):
     taskset = bundled["train"]
+    if "python" in {name for task in taskset.tasks for name in task.tools}:
+        skip_without_sandbox()
     env = ToolEnv.for_taskset(taskset)
     agent = RandomAgent.for_corpus(env.format, taskset.corpus)
     # toolmath's random agent runs sandboxed python (~0.1 s a call): a smaller sample keeps this quick

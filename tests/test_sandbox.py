@@ -54,6 +54,8 @@ def _sandbox(isolation: str) -> Sandbox:
     other = shutil.which("python3", path="/usr/bin:/bin")
     if isolation == "rlimits" and other and isolation_problem("rlimits", other) is None:
         return Sandbox(isolation, other)
+    if isolation == "bwrap" and os.environ.get("TRACE_RL_SANDBOX_TESTS") == "require":
+        pytest.fail(f"bwrap is required here (TRACE_RL_SANDBOX_TESTS=require) but not usable: {problem}")
     pytest.skip(f"isolation={isolation!r} is not usable here: {problem}")
 
 

@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from conftest import skip_without_sandbox
 
 from trace_rl.agent.tools import (
     Tool,
@@ -421,6 +422,7 @@ def test_scores_survive_the_json_round_trip_exactly():
 def test_python_tool_output_and_timeout_are_recorded_by_run_tool():
     from trace_rl.agent.tools.python_tool import python_tool
 
+    skip_without_sandbox()
     tools = {"python": python_tool(timeout_s=0.5)}
     ok = run_tool(tools, ToolCall("python", {"code": "print(6 * 7)"}))
     assert ok.ok and ok.output == "42"

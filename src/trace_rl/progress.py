@@ -1,11 +1,17 @@
-"""Progress bars with live metrics for long work (rich), quiet when stderr is not a terminal."""
+"""Progress of long work (warm start, training steps) with live metrics, on stderr.
+
+On a terminal: rich progress bars. Elsewhere (a log file, CI, `make demo | tee`): one plain line per
+task every `log_every_s` seconds and at its end, with the rate and the time left, so a run that is
+not watched live still says how far it is.
+"""
 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -14,19 +20,45 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 class Bars:
     """A thin wrapper so callers pass plain dicts of metrics."""
 
-    def __init__(self, progress: Progress) -> None:
+    def __init__(self, progress: Progress, *, log: TextIO | None = None, log_every_s: float = 15.0) -> None:
         self.progress = progress
+        self.log = log
+        self.log_every_s = log_every_s
+        self._tasks: dict[TaskID, dict[str, Any]] = {}
 
     def task(self, name: str, *, total: int, completed: int = 0) -> TaskID:
-        return self.progress.add_task(name, total=total, completed=completed, metrics="")
+        task = self.progress.add_task(name, total=total, completed=completed, metrics="")
+        self._tasks[task] = {"name": name, "total": total, "start": time.monotonic(), "first": completed, "printed": 0.0}
+        return task
 
     def update(self, task: TaskID, completed: int, metrics: dict[str, Any]) -> None:
         text = "  ".join(f"{k.split('/')[-1] if '/' in k else k}={v:.3g}" for k, v in metrics.items())
         self.progress.update(task, completed=completed, metrics=text)
+        if self.log is not None:
+            self._log_line(task, completed, text)
+
+    def _log_line(self, task: TaskID, completed: int, text: str) -> None:
+        state, now = self._tasks[task], time.monotonic()
+        done = completed >= state["total"]
+        if not done and now - state["printed"] < self.log_every_s:
+            return
+        state["printed"] = now
+        elapsed = now - state["start"]
+        rate = (completed - state["first"]) / elapsed if elapsed > 0 else 0.0
+        left = (state["total"] - completed) / rate if rate > 0 else float("nan")
+        eta = "done" if done else ("eta ?" if left != left else f"eta {_clock(left)}")
+        line = f"{state['name']}: {completed}/{state['total']}  {rate:.3g}/s  elapsed {_clock(elapsed)}  {eta}  {text}".rstrip()
+        self.log.write(line + "\n")
+        self.log.flush()
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else f"{seconds // 60}:{seconds % 60:02d}"
 
 
 @contextmanager
-def progress_bar() -> Iterator[Bars]:
+def progress_bar(*, log_every_s: float = 15.0) -> Iterator[Bars]:
     console = Console(file=sys.stderr)
     columns = (
         TextColumn("[bold]{task.description}"),
@@ -37,4 +69,4 @@ def progress_bar() -> Iterator[Bars]:
         TextColumn("{task.fields[metrics]}"),
     )
     with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
-        yield Bars(progress)
+        yield Bars(progress, log=None if console.is_terminal else sys.stderr, log_every_s=log_every_s)

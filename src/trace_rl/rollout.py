@@ -224,6 +224,7 @@ class TreeRolloutCollector:
             "rollout/tokens_generated": float(batch.tokens["generated"]),
             "rollout/tokens_observation": float(batch.tokens["observation"]),
             "rollout/tokens_prefill": float(batch.tokens["prefill"]),
+            "rollout/tokens_prompt": float(sum(len(t.root.token_ids) for t in batch.trees if t.root.budget)),
             **batch.timings,
         }
         return RolloutBatch(trees=batch.trees, stats=stats)

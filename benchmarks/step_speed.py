@@ -1,0 +1,150 @@
+"""Speed of a real training step: today's path against the previous one, on the same config and seeds.
+
+    python benchmarks/step_speed.py                        # configs/demo.yaml, 1 step each way
+    python benchmarks/step_speed.py --steps 2 --config configs/demo.yaml key=value ...
+
+Both runs start from the same (warm-started) policy, seed and tasks, so their first step does the
+same work: `previous` re-prefills every turn's whole history (`model.prefix_cache_mb=0`) and runs
+every leaf's full path through the update (`train.update=per_leaf`, where the trainer has it);
+`current` is the default config. Prints one JSON object: per path the step's time split
+(gen / env / update / predictor / alloc), generated tokens/s, prefill tokens against the prompt and
+observation tokens, update tokens/s, and the ratios; then the decode loop against a bare forward
+loop of the same model and batch (the hardware bound), with the FLOP bound beside it (2 × parameters
+per token at this machine's measured matmul rate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from trace_rl.config import load_config
+from trace_rl.run import RunConfig, build_parts, build_trainer
+
+SPLIT = ("timing_s/gen", "timing_s/env", "timing_s/update", "timing_s/predictor", "timing_s/alloc", "timing_s/step")
+
+
+def run_path(config: RunConfig, steps: int) -> dict[str, float]:
+    parts = build_parts(config)
+    with tempfile.TemporaryDirectory() as folder:
+        trainer = build_trainer(config, parts, Path(folder))
+        rows = [trainer.train_step() for _ in range(steps)]
+    mean = {key: sum(r.get(key, 0.0) for r in rows) / steps for key in rows[0]}
+    out = {key.removeprefix("timing_s/"): round(mean.get(key, 0.0), 3) for key in SPLIT}
+    generated, prefill = mean["rollout/tokens_generated"], mean["rollout/tokens_prefill"]
+    out.update(
+        tokens_generated=generated,
+        tokens_prefill=prefill,
+        tokens_observation=mean["rollout/tokens_observation"],
+        tokens_prompt=mean["rollout/tokens_prompt"],
+        gen_tokens_per_s=round(generated / max(mean["timing_s/gen"], 1e-9), 1),
+        update_tokens_per_s=round(mean.get("actor/tokens_forward", 0.0) / max(mean["timing_s/update"], 1e-9), 1),
+        step_rows=[{k: r[k] for k in ("critic/score/mean", "tree/effective_ratio") if k in r} for r in rows],
+    )
+    return out
+
+
+def decode_bound(config: RunConfig, batch: int = 64, prompt: int = 256, new: int = 48) -> dict[str, float]:
+    """Our decode loop at `batch` sequences against a bare loop of forwards with a KV cache (same model,
+    shapes and steps, no sampling or bookkeeping), and the FLOP bound at the measured matmul rate."""
+    from transformers import DynamicCache
+
+    from trace_rl.engine.base import SamplingParams
+    from trace_rl.engine.hf import HFEngine
+
+    parts = build_parts(dataclasses.replace(config, train=dataclasses.replace(config.train, steps=0)))
+    model = parts.policy.model
+    engine = HFEngine.from_policy(parts.policy, max_batch_size=batch, prefix_cache_mb=0)
+    vocab = engine.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    prompts = torch.randint(10, vocab, (batch, prompt), generator=generator).tolist()
+    params = SamplingParams(n=1, max_new_tokens=new, seed=0, ignore_eos=True)
+    from trace_rl.engine.hf import _reserve
+
+    def ours() -> float:
+        begin = time.perf_counter()
+        engine.generate(prompts, params)
+        return time.perf_counter() - begin
+
+    @torch.no_grad()
+    def bare() -> float:  # the same model calls on the same cache layout, and nothing else
+        ids, mask = torch.tensor(prompts), torch.ones(batch, prompt, dtype=torch.long)
+        positions = torch.arange(prompt)[None].expand(batch, -1)
+        begin = time.perf_counter()
+        cache = DynamicCache(config=model.config)
+        logits = engine._forward(ids, mask, positions, cache)
+        _reserve(cache, new)
+        for step in range(new - 1):
+            token = logits.argmax(-1, keepdim=True)
+            mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=1)
+            logits = engine._forward(token, mask, torch.full((batch, 1), prompt + step), cache)
+        return time.perf_counter() - begin
+
+    timings = {"ours": [], "bare": []}
+    for _ in range(3):  # alternate, keep the best of each: these machines are noisy
+        timings["ours"].append(ours())
+        timings["bare"].append(bare())
+    ours_s, bare_s = min(timings["ours"]), min(timings["bare"])
+
+    size = 512
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    for _ in range(3):
+        a @ b
+    begin, reps = time.perf_counter(), 50
+    for _ in range(reps):
+        a @ b
+    flops = 2 * size**3 * reps / (time.perf_counter() - begin)
+    params_count = sum(p.numel() for p in model.parameters())
+    tokens = batch * (prompt + new)
+    return {
+        "batch": batch,
+        "prompt_tokens": prompt,
+        "new_tokens": new,
+        "decode_loop_s": round(ours_s, 3),
+        "bare_forward_loop_s": round(bare_s, 3),
+        "decode_vs_bare": round(bare_s / ours_s, 3),
+        "matmul_gflops": round(flops / 1e9, 2),
+        "flop_bound_s": round(2 * params_count * tokens / flops, 3),
+        "parameters": params_count,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="configs/demo.yaml")
+    parser.add_argument("--steps", type=int, default=1, help="training steps timed per path (default 1)")
+    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides for both paths")
+    args = parser.parse_args(argv)
+    base = [*args.overrides, "train.eval_every=0", "train.save_trees=false"]
+    current = load_config(RunConfig, args.config, base)
+    previous_overrides = [*base, "model.prefix_cache_mb=0"]
+    if "update" in {f.name for f in dataclasses.fields(current.train)}:
+        previous_overrides.append("train.update=per_leaf")
+    previous = load_config(RunConfig, args.config, previous_overrides)
+    torch.set_num_threads(current.model.cpu_threads)
+    result: dict[str, object] = {"bench": "step_speed", "config": args.config, "steps": args.steps, "threads": current.model.cpu_threads}
+    result["previous"] = run_path(previous, args.steps)
+    result["current"] = run_path(current, args.steps)
+    p, c = result["previous"], result["current"]
+    result["ratios"] = {
+        "step": round(p["step"] / c["step"], 3),
+        "gen": round(p["gen"] / c["gen"], 3),
+        "update": round(p["update"] / max(c["update"], 1e-9), 3),
+        "prefill_tokens": round(p["tokens_prefill"] / max(c["tokens_prefill"], 1), 3),
+        "prefill_vs_prompt_and_observation": round(c["tokens_prefill"] / max(c["tokens_observation"] + c["tokens_prompt"], 1), 3),
+    }
+    result["decode"] = decode_bound(current)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,19 @@
+"""Progress reporting of long commands."""
+
+
+def test_progress_off_a_terminal_is_plain_lines_with_rate_and_eta():
+    import io
+
+    from rich.progress import Progress
+
+    from trace_rl.progress import Bars
+
+    log = io.StringIO()
+    with Progress(disable=True) as progress:
+        bars = Bars(progress, log=log, log_every_s=0.0)
+        task = bars.task("warm start", total=4)
+        for step in range(1, 5):
+            bars.update(task, step, {"loss": 1.0 / step})
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 4 and lines[0].startswith("warm start: 1/4 ") and "/s" in lines[0] and "eta" in lines[0]
+    assert lines[-1].startswith("warm start: 4/4 ") and " done " in lines[-1] and "loss=0.25" in lines[-1]
