@@ -70,6 +70,7 @@ def test_training_updates_the_policy_and_writes_the_run_folder(tmp_path):
         assert m["rollout/leaves"] == 12 and 0.0 <= m["tree/effective_ratio"] <= 1.0
         assert 0.0 <= m["timing_s/allocation_overhead_share"] < 1.0
     assert "val/accuracy_greedy" in history[-1] and "val/accuracy_sampled" in history[-1]
+    assert 0.0 <= history[-1]["val/accuracy_sampled_se"] <= 0.5 and "val/accuracy_sampled_se_tasks" in history[-1]
     run = tmp_path / "run"
     assert sorted(p.name for p in (run / "trees").iterdir()) == ["step_0001.jsonl", "step_0002.jsonl"]
     assert (run / "checkpoints" / "latest").read_text() == "step_0002.pt"

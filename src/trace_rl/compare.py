@@ -92,24 +92,32 @@ def _run_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def summarise(out: Path, config: CompareConfig) -> dict[str, Any]:
+    """Per method: ratios averaged over steps and seeds; final accuracy over seeds with its 95%
+    interval (Student t); the evaluation's own standard error; rollouts and generated tokens spent,
+    and how many each method needed to first reach the baseline's final accuracy."""
     acc_key = config.accuracy
     methods: dict[str, dict[str, float]] = {}
-    curves: dict[str, list[tuple[float, float]]] = {}
+    curves: dict[str, list[tuple[float, float, float]]] = {}
     for method in config.methods:
         runs = [_run_metrics(out / method / f"seed_{seed}") for seed in config.seeds]
         runs = [r for r in runs if r]
         if not runs:
             continue
-        final = [next((m[acc_key] for m in reversed(r) if acc_key in m), np.nan) for r in runs]
+        final = np.array([next((m[acc_key] for m in reversed(r) if acc_key in m), np.nan) for r in runs])
+        eval_se = [next((m[f"{acc_key}_se"] for m in reversed(r) if f"{acc_key}_se" in m), np.nan) for r in runs]
         methods[method] = {
             "effective_ratio": _mean_over_steps(runs, "tree/effective_ratio"),
             "effective_per_candidate": _mean_over_steps(runs, "tree/effective_per_candidate"),
             "mixed_budget_share": _mean_over_steps(runs, "tree/mixed_budget_share"),
             "final_accuracy": float(np.nanmean(final)),
             "final_accuracy_std": float(np.nanstd(final)),
+            "final_accuracy_ci95": _ci95(final),
+            "final_accuracy_eval_se": float(np.nanmean(eval_se)) if not np.all(np.isnan(eval_se)) else float("nan"),
             "rollouts": float(np.mean([r[-1]["rollout/rollouts_total"] for r in runs])),
             "tokens": float(np.mean([r[-1]["rollout/tokens_total"] for r in runs])),
+            "predictor_brier": _mean_over_steps(runs, "predictor/brier", after_step=5),
             "allocation_overhead_share": _mean_over_steps(runs, "timing_s/allocation_overhead_share"),
+            "steps": float(np.mean([r[-1]["step"] for r in runs])),
             "seeds": float(len(runs)),
         }
         curves[method] = _mean_curve(runs, acc_key)
@@ -117,43 +125,65 @@ def summarise(out: Path, config: CompareConfig) -> dict[str, Any]:
     if baseline in methods:
         target = methods[baseline]["final_accuracy"]
         for method, figures in methods.items():
-            figures["rollouts_to_baseline_accuracy"] = _first_reach(curves[method], target)
+            figures["rollouts_to_baseline_accuracy"], figures["tokens_to_baseline_accuracy"] = _first_reach(curves[method], target)
     return {"methods": methods, "baseline": baseline, "accuracy_key": acc_key, "config": asdict(config)}
 
 
-def _mean_over_steps(runs: list[list[dict[str, Any]]], key: str) -> float:
-    values = [m[key] for r in runs for m in r if key in m]
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+"""Student t quantiles t_0.975 for 1..10 degrees of freedom (1.96 beyond)."""
+
+
+def _ci95(values: np.ndarray) -> float:
+    """Half-width of the 95% interval of the mean over seeds; NaN with fewer than two."""
+    values = values[~np.isnan(values)]
+    if values.size < 2:
+        return float("nan")
+    t = _T975[values.size - 2] if values.size - 1 <= len(_T975) else 1.96
+    return float(t * values.std(ddof=1) / np.sqrt(values.size))
+
+
+def _mean_over_steps(runs: list[list[dict[str, Any]]], key: str, *, after_step: int = 0) -> float:
+    values = [m[key] for r in runs for m in r if key in m and m["step"] > after_step]
     return float(np.mean(values)) if values else float("nan")
 
 
-def _mean_curve(runs: list[list[dict[str, Any]]], key: str) -> list[tuple[float, float]]:
-    """(rollouts spent, accuracy) at each evaluated step, averaged over the seeds that have it."""
-    by_step: dict[int, list[tuple[float, float]]] = {}
+def _mean_curve(runs: list[list[dict[str, Any]]], key: str) -> list[tuple[float, float, float]]:
+    """(rollouts spent, tokens generated, accuracy) at each evaluated step, averaged over the seeds that have it."""
+    by_step: dict[int, list[tuple[float, float, float]]] = {}
     for run in runs:
         for m in run:
             if key in m:
-                by_step.setdefault(int(m["step"]), []).append((m["rollout/rollouts_total"], m[key]))
-    return [(float(np.mean([r for r, _ in v])), float(np.mean([a for _, a in v]))) for _, v in sorted(by_step.items())]
+                by_step.setdefault(int(m["step"]), []).append((m["rollout/rollouts_total"], m["rollout/tokens_total"], m[key]))
+    return [tuple(float(x) for x in np.mean(v, axis=0)) for _, v in sorted(by_step.items())]  # type: ignore[misc]
 
 
-def _first_reach(curve: list[tuple[float, float]], target: float) -> float:
-    """Rollouts spent when the mean accuracy first reached `target` (NaN if it never did)."""
-    for rollouts, accuracy in curve:
+def _first_reach(curve: list[tuple[float, float, float]], target: float) -> tuple[float, float]:
+    """Rollouts and tokens spent when the mean accuracy first reached `target` (NaN if it never did)."""
+    for rollouts, tokens, accuracy in curve:
         if accuracy >= target - 1e-12:
-            return rollouts
-    return float("nan")
+            return rollouts, tokens
+    return float("nan"), float("nan")
 
 
 def summary_table(summary: dict[str, Any]) -> str:
-    """The comparison as a Markdown table."""
-    header = ("| method | effective ratio | effective / candidate | budget share in mixed groups | final accuracy (± std) "
-              "| rollouts | rollouts to baseline accuracy | allocation + predictor share of step time |")
-    lines = [header, "|" + "---|" * 8]
+    """The comparison as a Markdown table (the README's results tables are made from summary.json
+    with this function)."""
+    baseline = summary.get("baseline", "the baseline")
+    header = (
+        "| method | effective ratio | effective gradient ratio (budget share in mixed groups) | final accuracy (95% CI over seeds) "
+        f"| evaluation SE | rollouts | rollouts to {baseline}'s final accuracy | tokens to it | predictor Brier (after step 5) |"
+    )
+    lines = [header, "|" + "---|" * 9]
     for method, f in summary["methods"].items():
-        reach = f.get("rollouts_to_baseline_accuracy", float("nan"))
+        reach, tokens = f.get("rollouts_to_baseline_accuracy", float("nan")), f.get("tokens_to_baseline_accuracy", float("nan"))
+        ci, se, brier = f.get("final_accuracy_ci95", float("nan")), f.get("final_accuracy_eval_se", float("nan")), f.get("predictor_brier", float("nan"))
         lines.append(
-            f"| {method} | {f['effective_ratio']:.3f} | {f['effective_per_candidate']:.3f} | {f['mixed_budget_share']:.3f} "
-            f"| {f['final_accuracy']:.3f} ± {f['final_accuracy_std']:.3f} | {f['rollouts']:.0f} "
-            f"| {'—' if np.isnan(reach) else f'{reach:.0f}'} | {f['allocation_overhead_share']:.2%} |"
+            f"| {method} | {f['effective_ratio']:.3f} | {f['mixed_budget_share']:.3f} "
+            f"| {f['final_accuracy']:.3f} ± {_or_dash(ci, '.3f')} | {_or_dash(se, '.3f')} | {f['rollouts']:.0f} "
+            f"| {_or_dash(reach, '.0f')} | {_or_dash(tokens, '.0f')} | {_or_dash(brier, '.3f')} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _or_dash(value: float, spec: str) -> str:
+    return "—" if value is None or np.isnan(value) else format(value, spec)

@@ -98,13 +98,23 @@ class TrainConfig:
 
 def held_out_accuracy(collector: TreeRolloutCollector, tasks: Sequence[Task], samples: int) -> dict[str, float]:
     """Greedy accuracy (one rollout per task) and sampled accuracy (`samples` per task, at the
-    collector's temperature)."""
+    collector's temperature), with the sampled figure's standard errors:
+
+    - `val/accuracy_sampled_se`: the evaluation's own sampling noise on these tasks,
+      sqrt(Σ_q s_q² / k) / Q with s_q² each task's unbiased variance over its k samples (0 for k = 1);
+    - `val/accuracy_sampled_se_tasks`: the spread over tasks, std(per-task accuracy) / sqrt(Q), what
+      another draw of Q tasks would add.
+    """
     begin = time.perf_counter()
     greedy = collector.sample(tasks, 1, temperature=0.0)
     sampled = collector.sample(tasks, samples)
+    per_task = np.array([t.leaf_rewards().mean() for t in sampled])
+    within = np.array([t.leaf_rewards().var(ddof=1) if samples > 1 else 0.0 for t in sampled])
     return {
         "val/accuracy_greedy": float(np.mean([t.leaf_rewards().mean() for t in greedy])),
-        "val/accuracy_sampled": float(np.mean([t.leaf_rewards().mean() for t in sampled])),
+        "val/accuracy_sampled": float(per_task.mean()),
+        "val/accuracy_sampled_se": float(np.sqrt(within.sum() / samples) / len(tasks)),
+        "val/accuracy_sampled_se_tasks": float(per_task.std(ddof=1) / np.sqrt(len(tasks))) if len(tasks) > 1 else 0.0,
         "timing_s/eval": time.perf_counter() - begin,
     }
 

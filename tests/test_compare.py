@@ -1,0 +1,55 @@
+"""compare's summary: figures as Knapsack-RL and the paper define them, checked on hand-made runs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from trace_rl.compare import CompareConfig, summarise, summary_table
+from trace_rl.rundir import RunDir
+
+
+def _run(folder, accuracies, *, tokens_per_step=100.0, ratio=0.5):
+    run = RunDir(folder)
+    for step, accuracy in enumerate(accuracies, 1):
+        record = {
+            "step": step,
+            "tree/effective_ratio": ratio,
+            "tree/effective_per_candidate": ratio / 2,
+            "tree/mixed_budget_share": ratio + 0.1,
+            "rollout/rollouts_total": 64.0 * step,
+            "rollout/tokens_total": tokens_per_step * step,
+            "timing_s/allocation_overhead_share": 0.01,
+            "predictor/brier": 0.3 if step <= 5 else 0.2,
+            "val/accuracy_sampled": accuracy,
+            "val/accuracy_sampled_se": 0.01,
+        }
+        run.append_metrics(record)
+
+
+def test_summary_reports_intervals_and_what_reaching_the_baseline_cost(tmp_path):
+    finals = {"grpo": [0.40, 0.42, 0.44], "trace": [0.45, 0.47, 0.49]}
+    for seed in range(3):
+        _run(tmp_path / "grpo" / f"seed_{seed}", [0.30] * 5 + [finals["grpo"][seed]] * 3, ratio=0.3)
+        _run(tmp_path / "trace" / f"seed_{seed}", [0.30, 0.43] + [finals["trace"][seed]] * 6, tokens_per_step=50.0, ratio=0.6)
+    config = CompareConfig(methods=["grpo", "trace"], seeds=[0, 1, 2])
+    summary = summarise(tmp_path, config)
+    grpo, trace = summary["methods"]["grpo"], summary["methods"]["trace"]
+    assert grpo["final_accuracy"] == pytest.approx(0.42) and trace["final_accuracy"] == pytest.approx(0.47)
+    assert trace["final_accuracy_ci95"] == pytest.approx(4.303 * np.std(finals["trace"], ddof=1) / math.sqrt(3))
+    assert trace["effective_ratio"] == pytest.approx(0.6) and trace["mixed_budget_share"] == pytest.approx(0.7)
+    assert trace["predictor_brier"] == pytest.approx(0.2)  # steps after the 5-step warm-up only
+    assert trace["final_accuracy_eval_se"] == pytest.approx(0.01)
+    assert trace["rollouts_to_baseline_accuracy"] == 128.0 and trace["tokens_to_baseline_accuracy"] == 100.0  # step 2
+    assert grpo["rollouts_to_baseline_accuracy"] == 6 * 64.0
+    table = summary_table(summary)
+    assert "| trace | 0.600 | 0.700 | 0.470 ± " in table and "tokens to it" in table
+
+
+def test_one_seed_has_no_interval(tmp_path):
+    _run(tmp_path / "grpo" / "seed_0", [0.5])
+    summary = summarise(tmp_path, CompareConfig(methods=["grpo"], seeds=[0]))
+    assert math.isnan(summary["methods"]["grpo"]["final_accuracy_ci95"])
+    assert "0.500 ± —" in summary_table(summary)
