@@ -87,3 +87,20 @@ def test_estimator_options_are_set_from_the_config_and_checked_when_it_loads():
         load_config(RunConfig, None, ["train.advantage_options={eps: -1}"])
     load_config(RunConfig, None, ["train.advantage=treerl", "train.advantage_options={normalize_by_sqrt_leaves: false}"])
 
+
+
+def test_a_demonstration_split_is_disjoint_from_rl_training_and_the_test_split():
+    from trace_rl.agent.tasks import load_taskset
+    from trace_rl.run import RunConfig, task_splits
+
+    config = load_config(RunConfig, None, ["task.demo_tasks=300", "task.train_tasks=500"])
+    demos, train = task_splits(config)
+    test = load_taskset("multihop", split="test", seed=0)
+    ids = [{t.task_id for t in s.tasks} for s in (demos, train, test)]
+    assert len(ids[0]) == 300 and len(ids[1]) == 500
+    assert not ids[0] & ids[1] and not ids[0] & ids[2] and not ids[1] & ids[2]
+    assert task_splits(config)[0].tasks == demos.tasks  # a seeded draw
+    same = task_splits(load_config(RunConfig, None, ["task.train_tasks=40"]))
+    assert same[0] is same[1] and len(same[1].tasks) == 40  # no demo split: the warm start demonstrates on RL's tasks
+    with pytest.raises(ConfigError, match="task: demo_tasks must be >= 1"):
+        load_config(RunConfig, None, ["task.demo_tasks=0"])

@@ -191,7 +191,12 @@ class TaskConfig:
     name: str = "multihop"
     """A name `trace_rl.agent.tasks.load_taskset` accepts (`multihop`, `toolmath`, `rg:<dataset>`, ...)."""
     train_tasks: int | None = None
-    """Train tasks kept (None: all)."""
+    """Train tasks kept for RL (None: all)."""
+    demo_tasks: int | None = None
+    """Tasks of the train split set aside for the warm start's demonstrations only (a seeded draw);
+    RL trains on the rest, so the warm-started policy has never seen the RL questions and its success
+    on them matches its held-out success, as when a paper starts RL from a separately trained model.
+    None: the warm start demonstrates on the RL train split itself."""
     test_tasks: int | None = 128
     """Held-out tasks for evaluation (None: all)."""
     format: Literal["tag", "json"] = "tag"
@@ -204,3 +209,7 @@ class TaskConfig:
     """A Search-R1 / verl retrieval server instead of the local BM25 index."""
     seed: int = 0
     """Seed of the generated task world (independent of the run seed)."""
+
+    def __post_init__(self) -> None:
+        if self.demo_tasks is not None and self.demo_tasks < 1:
+            raise ValueError(f"demo_tasks must be >= 1 or null, got {self.demo_tasks!r}")

@@ -9,9 +9,11 @@ loaded, before any of it is built.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from trace_rl.agent.env import ToolEnv
 from trace_rl.agent.scoring import score
@@ -119,12 +121,11 @@ def build_parts(config: RunConfig, *, progress: Callable[[int, float], None] | N
     from trace_rl.models import load_policy
 
     torch.set_num_threads(config.model.cpu_threads)
-    task = config.task
-    train = load_taskset(task.name, split="train", num_tasks=task.train_tasks, seed=task.seed)
-    test = load_taskset(task.name, split="test", num_tasks=task.test_tasks, seed=task.seed)
+    demos, train = task_splits(config)
+    test = load_taskset(config.task.name, split="test", num_tasks=config.task.test_tasks, seed=config.task.seed)
     env = build_env(config, train)
     model = config.model
-    name = policy_source(config, train, env, progress=progress)
+    name = policy_source(config, demos, env, progress=progress)
     policy = load_policy(name, seed=config.seed, dtype=model.dtype, device=model.device)
     if model.engine == "openai":
         if not model.server_urls:
@@ -137,21 +138,40 @@ def build_parts(config: RunConfig, *, progress: Callable[[int, float], None] | N
     return Parts(train=train, test=test, env=env, policy=policy, engine=engine, predictor=predictor, collector=collector)
 
 
+def task_splits(config: RunConfig) -> tuple[TaskSet, TaskSet]:
+    """(tasks the warm start demonstrates on, tasks RL trains on): with `task.demo_tasks`, a seeded
+    draw of that many train-split tasks and the rest (cut to `task.train_tasks`), disjoint; without
+    it, both are the RL train split. The test split is disjoint from both."""
+    task = config.task
+    if task.demo_tasks is None:
+        train = load_taskset(task.name, split="train", num_tasks=task.train_tasks, seed=task.seed)
+        return train, train
+    full = load_taskset(task.name, split="train", seed=task.seed)
+    if task.demo_tasks >= len(full.tasks):
+        raise ConfigError(f"task.demo_tasks={task.demo_tasks} leaves no RL task: the train split has {len(full.tasks)}")
+    order = np.random.default_rng([task.seed, 7]).permutation(len(full.tasks))
+    demo_ids = set(order[: task.demo_tasks].tolist())
+    rest = [t for i, t in enumerate(full.tasks) if i not in demo_ids][: task.train_tasks]
+    demos = [t for i, t in enumerate(full.tasks) if i in demo_ids]
+    return replace(full, tasks=demos), replace(full, tasks=rest)
+
+
 def policy_source(
     config: RunConfig,
-    train: TaskSet | None = None,
+    demos: TaskSet | None = None,
     env: ToolEnv | None = None,
     *,
     progress: Callable[[int, float], None] | None = None,
 ) -> str:
-    """What `load_policy` loads for this run: the warm-started folder (made now if not cached) or `model.name`."""
+    """What `load_policy` loads for this run: the warm-started folder (made now, from demonstrations on
+    `demos`, if not cached) or `model.name`."""
     if not config.model.warm_start:
         if config.model.name == "tiny":
             raise ValueError("model.name=tiny needs model.warm_start=true: an untrained tiny model cannot use the tools")
         return config.model.name
-    if train is None:
-        train = load_taskset(config.task.name, split="train", num_tasks=config.task.train_tasks, seed=config.task.seed)
-    return str(warm_start(config.model.name, train, env or build_env(config, train), config.sft, progress=progress))
+    if demos is None:
+        demos = task_splits(config)[0]
+    return str(warm_start(config.model.name, demos, env or build_env(config, demos), config.sft, progress=progress))
 
 
 def evaluate_policy(config: RunConfig, run_dir: str | Path | None = None, *, samples: int | None = None) -> dict[str, Any]:
