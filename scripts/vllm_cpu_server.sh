@@ -54,5 +54,6 @@ exec "$VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL_DI
     --max-model-len "${VLLM_MAX_MODEL_LEN:-4096}" \
     --logprobs-mode processed_logprobs \
     --enable-prefix-caching \
+    --enable-prompt-tokens-details \
     --enforce-eager \
     "$@"

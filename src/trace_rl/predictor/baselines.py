@@ -1,0 +1,61 @@
+"""Reference predictors scored beside the allocator's on every training step, so a broken predictor
+shows at once: a constant at the running mean of every outcome so far, and each prompt's own history.
+
+Each step, before anything learns from the step's rollouts, `score` judges them all on the same
+pairs as `predictor/brier` (each rollout's outcome against an estimate at the node it started from,
+`trace_rl.metrics.allocator_outcomes`); then `update` feeds them the step's trees. A shared predictor
+whose Brier is above `predictor/brier_constant` is worse than knowing only the overall success rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from trace_rl.predictor.base import backup_targets, brier_score
+from trace_rl.predictor.history import PromptHistoryPredictor
+from trace_rl.tree import RolloutTree
+
+
+class ReferencePredictors:
+    """The running-mean constant and the per-prompt history, with their state for exact resumes."""
+
+    def __init__(self) -> None:
+        self.history = PromptHistoryPredictor()
+        self.successes = 0.0
+        self.rollouts = 0.0
+
+    def score(self, trees: Sequence[RolloutTree]) -> dict[str, float]:
+        """`predictor/brier_constant` and `predictor/brier_history` on this step's rollouts; {} if none
+        was started at a node with an estimate (the pairs `predictor/brier` uses)."""
+        starts, outcomes = [], []
+        for tree in trees:
+            for leaf in tree.leaves():
+                start = tree.nodes[int(leaf)].rollout_start
+                if tree.nodes[start].predicted is not None:
+                    starts.append(tree.history(start))
+                    outcomes.append(tree.nodes[int(leaf)].reward)
+        if not outcomes:
+            return {}
+        y = np.array(outcomes, dtype=np.float64)
+        mean = self.successes / self.rollouts if self.rollouts else 0.5
+        return {
+            "predictor/brier_constant": brier_score(np.full(y.size, mean), y),
+            "predictor/brier_history": brier_score(self.history.predict(starts), y),
+        }
+
+    def update(self, trees: Sequence[RolloutTree]) -> None:
+        rewards = np.concatenate([t.leaf_rewards() for t in trees]) if trees else np.zeros(0)
+        self.successes += float(rewards.sum())
+        self.rollouts += float(rewards.size)
+        histories, targets, weights = backup_targets(trees)
+        if histories:
+            self.history.update(histories, targets, weights)
+
+    def state_dict(self) -> dict:
+        return {"history": self.history.state_dict(), "successes": self.successes, "rollouts": self.rollouts}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history.load_state_dict(state["history"])
+        self.successes, self.rollouts = float(state["successes"]), float(state["rollouts"])
