@@ -92,7 +92,12 @@ PANELS: tuple[Panel, ...] = (
     Panel(
         "calibration",
         "Success predictor calibration (lower is better)",
-        (("predictor/brier", "Brier"), ("predictor/ece", "ECE")),
+        (
+            ("predictor/brier", "Brier"),
+            ("predictor/ece", "ECE"),
+            ("predictor/brier_constant", "Brier, running-mean constant"),
+            ("predictor/brier_history", "Brier, per-prompt history"),
+        ),
         "error",
     ),
 )
