@@ -47,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,6 @@ from trace_rl.predictor import (
     HashedNgramPredictor,
     PredictorConfig,
     PromptHistoryPredictor,
-    SuccessPredictor,
     backup_targets,
     brier_score,
     expected_calibration_error,

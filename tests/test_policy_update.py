@@ -92,3 +92,81 @@ def test_kl_term_is_zero_at_the_reference_and_positive_away_from_it():
     away = policy_loss(logp, logp, torch.zeros(1, 2), torch.ones(1, 2), denominator=2.0, ref_logprobs=logp + 0.5, kl_coef=0.1)
     assert away.kl == pytest.approx(math.exp(0.5) - 0.5 - 1.0)
     assert away.loss.item() == pytest.approx(0.1 * away.kl)
+
+
+# ---------------------------------------------------------------- the trainer's update on hand-made trees
+
+
+class _Engine:
+    accepts_weights = True
+    weight_version = 0
+
+    def update_weights(self, model, *, version: int) -> None:
+        self.weight_version = version
+
+
+def small_llama(seed: int = 0, *, attn: str = "sdpa", kv_heads: int = 2):
+    """A 2-layer Llama with grouped-query attention (4 heads, `kv_heads` key/value heads), weights large
+    enough (init 0.2) that attention is far from uniform, so a wrong mask or position shows."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=kv_heads, max_position_embeddings=256, initializer_range=0.2, attn_implementation=attn,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(config).float()
+
+
+def update_trainer(model, run_dir, *, update: str, kl_coef: float = 0.0, max_context_tokens: int = 2048, **train):
+    """A `Trainer` whose only working parts are the ones `_update_policy` uses (fp32, one optimiser
+    step over all the data unless told otherwise)."""
+    from types import SimpleNamespace
+
+    from trace_rl.methods import get_method
+    from trace_rl.rollout import RolloutConfig
+    from trace_rl.train.trainer import TrainConfig, Trainer, TrainingSetup
+
+    options = {"mini_batches": 1, "epochs": 1, "grad_clip": 1e9, "lr": 1e-3, "precision": "fp32", **train}
+    config = TrainConfig(update=update, kl_coef=kl_coef, **options)
+    collector = SimpleNamespace(config=RolloutConfig(max_context_tokens=max_context_tokens, temperature=0.7))
+    setup = TrainingSetup(
+        method=get_method("trace"), model=model, engine=_Engine(), collector=collector, predictor=None,
+        train_tasks=[], test_tasks=[], prompts_per_step=1, seed=0,
+    )
+    return Trainer(config, setup, run_dir)
+
+
+def on_policy(model, trees, *, temperature: float) -> None:
+    """Set every policy token's behaviour log-prob to the model's own (an on-policy batch)."""
+    from trace_rl.models import token_logprobs
+
+    for tree in trees:
+        for node in tree.nodes[1:]:
+            path = tree.path(node.id)
+            ids = [t for i in path for t in tree.nodes[i].token_ids]
+            if len(ids) < 2 or not node.token_ids:
+                continue
+            with torch.no_grad():
+                lp = token_logprobs(model, torch.tensor([ids]), temperature=temperature)[0]
+            own = lp[len(ids) - len(node.token_ids) - 1 :].tolist()
+            node.logprobs = [v if m else 0.0 for v, m in zip(own, node.mask)]
+
+
+@pytest.mark.parametrize("update", ["per_leaf", "packed"])
+def test_ratio_mean_is_one_on_an_on_policy_step_and_counts_only_tokens_in_the_loss(tmp_path, update):
+    # a mixed tree and a tree whose leaves agree: the second one's tokens have advantage 0, so they are
+    # skipped (no KL term) but count in the token mean's denominator; the ratio must not count them
+    mixed = branched_tree()
+    agreed = RolloutTree.new("u", "q", prompt_token_ids=[1, 3])
+    agreed.add_turn(0, token_ids=[40, 41, 42], mask=[1, 1, 1], reward=1.0)
+    agreed.add_turn(0, token_ids=[43, 44], mask=[1, 1], reward=1.0)
+    model = small_llama()
+    on_policy(model, [mixed, agreed], temperature=0.7)
+    advantages = get_estimator("trace")([mixed, agreed])
+    assert not advantages[1].advantage.any() and advantages[1].weight[1:].all()
+    trainer = update_trainer(model, tmp_path, update=update)
+    metrics = trainer._update_policy(tree_sequences([mixed, agreed], advantages))
+    assert metrics["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["actor/grad_norm"] > 0 and metrics["actor/clipfrac"] == 0.0
