@@ -45,7 +45,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     policy = load_policy(args.model, seed=args.seed)
-    engine = HFEngine.from_policy(policy, max_batch_size=args.prefixes * args.k)
+    # No prefix cache: this measures sharing one prefill among the n samples of one call, alone.
+    engine = HFEngine.from_policy(policy, max_batch_size=args.prefixes * args.k, prefix_cache_mb=0)
     rng = np.random.default_rng(args.seed)
     vocab = len(policy.tokenizer)
     lengths = rng.integers(args.min_len, args.max_len + 1, size=args.prefixes)
