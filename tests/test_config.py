@@ -1,6 +1,8 @@
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pathlib import Path
+
 import pytest
 
 from trace_rl.config import ConfigError, dump_yaml, load_config
@@ -61,7 +63,7 @@ def test_non_mapping_file_is_rejected(tmp_path):
         load_config(Outer, path)
 
 
-@pytest.mark.parametrize("name", ["smoke", "demo", "compare"])
+@pytest.mark.parametrize("name", sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")))
 def test_shipped_configs_load(name):
     from pathlib import Path
 
