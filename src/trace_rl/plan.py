@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trace_rl.methods import AllocationSettings, MethodSpec, uniform_stage1
+from trace_rl.methods import AllocationSettings, MethodSpec, expand_stage2, uniform_stage1
 from trace_rl.tree import RolloutTree
 
 
@@ -52,16 +52,9 @@ def plan_roots(
     """Stage 1: rollouts per prompt. Sets every root's `budget`, and `predicted` when `values` are given
     (they may be None for a method that does not read them: a uniform split). `known` marks the
     prompts whose value the predictor vouches for (None: all), for allocators that care (Knapsack-RL)."""
-    if values is None:
-        if method.stage1 is not uniform_stage1:
-            raise ValueError(f"method {method.name!r} allocates Stage 1 from values; got none")
-        values = np.full(len(trees), 0.5)
-        record = False
-    else:
-        values = np.asarray(values, dtype=np.float64)
-        record = True
-    if values.shape != (len(trees),):
-        raise ValueError(f"values has shape {values.shape}, expected one per tree ({len(trees)})")
+    if values is None and method.stage1 is not uniform_stage1:
+        raise ValueError(f"method {method.name!r} allocates Stage 1 from values; got none")
+    values, record = _checked(values, len(trees), "tree")
     per_prompt = method.stage1(values, method.stage1_budget(settings), settings, known)
     requests = []
     for index, (tree, v, m) in enumerate(zip(trees, values, per_prompt)):
@@ -102,14 +95,9 @@ def plan_prefixes(
     budget = method.stage2_budget(settings)
     if method.stage2 is None or budget <= 0:
         return []
-    if values is None:
-        values = np.full(len(candidates), 0.5)
-        record = False
-    else:
-        values = np.asarray(values, dtype=np.float64)
-        record = True
-    if values.shape != (len(candidates),):
-        raise ValueError(f"values has shape {values.shape}, expected one per candidate ({len(candidates)})")
+    if values is None and method.stage2 is expand_stage2:
+        raise ValueError(f"method {method.name!r} allocates Stage 2 from values; got none")
+    values, record = _checked(values, len(candidates), "candidate")
     backups = {}
     for index, _ in candidates:
         if index not in backups:
@@ -125,6 +113,16 @@ def plan_prefixes(
             node.budget = int(k)
             requests.append(Request(index, node_id, int(k)))
     return requests + leftover_requests(trees, budget - int(per_prefix.sum()))
+
+
+def _checked(values: np.ndarray | None, count: int, what: str) -> tuple[np.ndarray, bool]:
+    """(values as float64, whether to record them on the nodes); None stands for "no information", ½."""
+    if values is None:
+        return np.full(count, 0.5), False
+    array = np.asarray(values, dtype=np.float64)
+    if array.shape != (count,):
+        raise ValueError(f"values has shape {array.shape}, expected one per {what} ({count})")
+    return array, True
 
 
 def leftover_requests(trees: Sequence[RolloutTree], leftover: int) -> list[Request]:

@@ -51,10 +51,6 @@ class RunDir:
     def checkpoints_dir(self) -> Path:
         return self.path / "checkpoints"
 
-    def exists(self) -> bool:
-        """Whether a run has been started here (a metrics file or a checkpoint)."""
-        return self.metrics_path.is_file() or (self.checkpoints_dir / "latest").exists()
-
     # ------------------------------------------------------------ config
 
     def write_config(self, config: Any) -> None:
