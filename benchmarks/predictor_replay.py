@@ -22,13 +22,16 @@ Per step and row: `brier`, `ece` (over all scored rollouts), `brier_roots` / `br
 (rollouts that started at a root / at a prefix), `brier_nodes` (the count-weighted Brier of the
 backup targets of every non-terminal node, `calibration_report`'s figure: it also scores the
 intermediate prefixes of bare rollouts, fair draws, so it covers prefixes on GRPO trees too), and for
-learned rows `loss` / `loss_after`. `summary` averages each figure over the steps after `--warmup`
+learned rows `loss` / `loss_after`, `update_s` (wall time of the update) and, where the row reports
+them, `calibration_slope` / `calibration_intercept`. `summary` averages each figure over the steps after `--warmup`
 steps, with `max_brier`; `acceptance` checks that `shared`'s Brier is below 0.25 on every step after
 the warm-up and below `running_mean`'s on average.
 
 The same replay runs on the simulator (`trace_rl.sim`): batches of the allocation benchmark's `trace`
-row (planned by its own learning predictor, `trace_rl.bench.run_batch`) and of its `grpo` row, with the
-benchmark's predictor settings (`BenchConfig().predictor`, plus `--set`).
+row (planned by a `shared` predictor learning online from them, `trace_rl.bench.run_batch`) and of its
+`grpo` row, with the benchmark's predictor settings (`BenchConfig().predictor`, plus `--set`); each
+step's figures are averaged over `--sim-seeds` worlds before the summary. Two 20-step runs and the
+simulator take about a minute.
 
     python benchmarks/predictor_replay.py [RUN_DIR ...] [--warmup 5] [--set key=value ...]
         [--sim-seeds 2] [--sim-batches 40] [--previous REV] [--steps]

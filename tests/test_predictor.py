@@ -18,7 +18,7 @@ from trace_rl.predictor import (
     natural_backup,
     rollout_starts,
 )
-from trace_rl.predictor.hashed import _fit_platt
+from trace_rl.predictor.hashed import _calibration_helps, _fit_platt
 from trace_rl.sim import LatentTreeSimulator
 from trace_rl.tree import History, RolloutTree, Turn
 
@@ -89,7 +89,10 @@ def test_state_dict_is_a_copy() -> None:
     predictor.update(histories, y, None)
     for model in ("shared", "root"):
         assert not state[model]["weights"].any() and state[model]["bias"] == 0.0
-    assert state["replay"] == [] and state["calibration"] == [1.0, 0.0]
+    assert state["replay"] == [] and state["calibrated"] == {"root": False, "prefix": False}
+    for head in ("root", "prefix"):  # the identity: slope 1, everything else 0
+        assert state["calibration"][head][0] == 1.0 and not state["calibration"][head][1:].any()
+        assert state["calibration_data"][head] == []
     later = predictor.state_dict()
     later["replay"][0]["targets"][:] = -1.0  # editing a state leaves the predictor alone
     assert predictor.state_dict()["replay"][0]["targets"].min() >= 0.0
@@ -105,7 +108,10 @@ def test_state_round_trip_carries_the_replay_buffer_and_the_calibration() -> Non
     state = trained.state_dict()
     assert len(state["replay"]) == 2  # the roots of the last two updates, oldest first
     assert state["replay"][-1]["prompts"] == [h.prompt for h in batches[2][0] if not h.turns]
-    assert len(state["calibration_data"]) == 2 and state["calibration"] != [1.0, 0.0]  # fitted from update 2 on
+    for head in ("root", "prefix"):  # fitted from update 1 on, one design block per update
+        assert len(state["calibration_data"][head]) == 3
+        assert not np.array_equal(state["calibration"][head], np.eye(state["calibration"][head].size)[0])
+    assert state["calibration_data"]["prefix"][-1]["design"].shape == (sum(bool(h.turns) for h in batches[2][0]), 9)
     restored = HashedNgramPredictor(PredictorConfig(replay_batches=0, calibration_batches=0))  # the state's config wins
     restored.load_state_dict(state)
     for histories, y in batches[3:]:
@@ -158,7 +164,154 @@ def test_calibration_can_be_switched_off() -> None:
     predictor = HashedNgramPredictor(PredictorConfig(calibration_batches=0))
     for s in range(3):
         predictor.update(*_toy(60, seed=s), None)
-    assert predictor.calibration == (1.0, 0.0) and predictor.state_dict()["calibration_data"] == []
+    assert predictor.calibrated == {"root": False, "prefix": False}
+    state = predictor.state_dict()
+    for head in ("root", "prefix"):
+        assert state["calibration_data"][head] == []
+        np.testing.assert_array_equal(state["calibration"][head], np.eye(state["calibration"][head].size)[0])
+
+
+# ---------------------------------------------------------------- real trees: long texts, weak signal
+
+
+def _long_histories(count: int, seed: int, words: int = 300) -> tuple[list[History], np.ndarray]:
+    """Real-tree-like prefixes: a question, then a search whose long observation (`words` random words,
+    hundreds of active features) names the next entity. Half the second turns search for that entity
+    (a grounded query: success 0.7), half for a name seen nowhere (a guess: success 0.1); 0/1 targets."""
+    rng = np.random.default_rng(seed)
+    vocabulary = [f"v{i}" for i in range(5000)]
+    histories, targets = [], []
+    for i in range(count):
+        start, found, guess = (f"e{rng.integers(10**6)}" for _ in range(3))
+        prompt = f"Who founded the company {start} works for?"
+        text = " ".join(rng.choice(vocabulary, size=words))
+        first = Turn("Step 1 of 2.", f"<search> {start} </search>", f"{start} works for {found}. {text}")
+        grounded = i % 2 == 0
+        second = Turn("Step 2 of 2.", f"<search> {found if grounded else guess} </search>", " ".join(rng.choice(vocabulary, size=words)))
+        histories.append(History(prompt, (first, second), f"t{seed}-{i}"))
+        targets.append(float(rng.random() < (0.7 if grounded else 0.1)))
+    return histories, np.array(targets)
+
+
+def test_one_update_on_long_texts_does_not_overshoot() -> None:
+    """The demo run's failure: one AdaGrad step moved a long history's logit by lr x (active features),
+    taking the first batch's loss from 0.693 to 8.46. Capped, the step leaves the batch's loss below
+    where it started; uncapped (the old update) it still overshoots."""
+    histories, y = _long_histories(120, seed=0)
+    capped = HashedNgramPredictor(seed=0).update(histories, y, None)
+    assert capped["predictor/loss"] == pytest.approx(np.log(2.0))
+    assert capped["predictor/loss_after"] < capped["predictor/loss"]
+    assert capped["predictor/step_capped"] > 0.0  # the cap was what held it
+    uncapped = HashedNgramPredictor(PredictorConfig(max_logit_step=0.0), seed=0).update(histories, y, None)
+    assert uncapped["predictor/loss_after"] > 2.0 and uncapped["predictor/step_capped"] == 0.0
+
+
+def test_a_capped_step_moves_no_logit_further_than_the_cap() -> None:
+    histories, y = _long_histories(60, seed=1)
+    config = PredictorConfig(max_logit_step=0.25, epochs=1, root_epochs=1, calibration_batches=0)
+    predictor = HashedNgramPredictor(config)
+    predictor.update(histories, y, None)  # one minibatch: one step from all-zero weights
+    p = predictor.predict(histories)
+    assert np.all(np.abs(np.log(p / (1.0 - p))) <= 0.25 + 1e-9)
+
+
+def test_beats_the_running_mean_on_long_texts_after_a_few_updates() -> None:
+    """What the real-tree replay checks, in small: learning online from batches with long texts, the
+    predictor's Brier on the next, unseen batch beats a constant at the mean of every outcome so far."""
+    predictor = HashedNgramPredictor(seed=0)
+    seen: list[float] = []
+    scores, constant = [], []
+    for step in range(8):
+        histories, y = _long_histories(80, seed=10 + step)
+        if step >= 4:
+            scores.append(brier_score(predictor.predict(histories), y))
+            constant.append(brier_score(np.full(y.size, np.mean(seen)), y))
+        predictor.update(histories, y, None)
+        seen.extend(y)
+    assert np.mean(scores) < np.mean(constant) - 0.02
+    assert predictor.calibrated["prefix"]  # it got there through the calibration's summary features
+    assert max(scores) < 0.25
+
+
+def test_summary_features_count_query_words_seen_nowhere_before() -> None:
+    predictor = HashedNgramPredictor()
+    prompt = "Who founded the company Acme Corp?"
+    first = Turn("look it up", "<search> Acme Corp </search>", "Acme Corp was founded by Jane Roe.")
+    follow = Turn("next", "<search> Jane Roe </search>", "Jane Roe is a chemist.")
+    guess = Turn("next", "<search> John Smith </search>", "John Smith is a painter.")
+    again = Turn("again", "<search> Acme Corp </search>", "Acme Corp was founded by Jane Roe.")
+    short = [0.0, 0.0, 0.0]  # six words: below every prompt-length bin
+    assert predictor._summary(History(prompt)) == short
+    assert predictor._summary(History(prompt, (first,))) == [0.0, 0.0, 0.0, 0.0, *short]
+    assert predictor._summary(History(prompt, (first, follow))) == [0.0, 0.0, 0.0, 0.0, *short]  # seen in the observation
+    assert predictor._summary(History(prompt, (first, guess))) == [0.0, 1.0, 0.0, 0.0, *short]  # two novel words
+    assert predictor._summary(History(prompt, (first, again))) == [0.0, 0.0, 0.0, 1.0, *short]  # a repeated action
+    assert predictor._summary(History(prompt, (Turn("hm", "", ""),))) == [0.0, 0.0, 1.0, 0.0, *short]  # no action words
+    long_prompt = "In which country is the city where the founder of the company Acme Corp was born?"
+    assert predictor._summary(History(long_prompt)) == [0.0, 1.0, 0.0]  # 16 words
+
+
+def test_calibration_slope_is_bounded_and_a_calibration_is_used_only_where_it_helps() -> None:
+    rng = np.random.default_rng(0)
+    z = rng.normal(0.0, 0.2, size=2000)
+    y = (rng.random(z.size) < 1.0 / (1.0 + np.exp(-20.0 * z))).astype(float)  # the best slope is 20
+    slope, intercept = _fit_platt(z, y, np.ones_like(z))
+    assert slope == 2.0 and np.isfinite(intercept)  # calibration_max_slope
+    slope, _ = _fit_platt(z, 1.0 - y, np.ones_like(z))
+    assert slope == 0.0  # a calibration may ignore the raw logit, never reverse it
+
+    def window(scale: float) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        batches = []
+        for _ in range(4):
+            logits = rng.normal(0.0, 2.0, size=300)
+            design = np.column_stack([logits, np.zeros((300, 3)), np.ones(300)])
+            batches.append((design, 1.0 / (1.0 + np.exp(-logits / scale)), np.ones(300)))
+        return batches
+
+    config = PredictorConfig()
+    assert _calibration_helps(window(4.0), config)  # over-confident raw logits: shrinking helps
+    assert not _calibration_helps(window(1.0), config)  # calibrated raw logits: leave them alone
+    assert not _calibration_helps(window(4.0)[:1], config)  # one update: nothing to test it on
+
+
+def test_the_replay_benchmark_scores_each_step_before_learning_from_it(tmp_path) -> None:
+    """benchmarks/predictor_replay.py on a small recorded run: every row is scored on a step's rollouts
+    before it learns from them, so at the first step the learned rows answer 0.5 everywhere."""
+    import importlib.util
+    from pathlib import Path
+
+    from trace_rl.metrics import allocator_outcomes
+    from trace_rl.tree import write_jsonl
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "predictor_replay.py"
+    spec = importlib.util.spec_from_file_location("predictor_replay", path)
+    replay = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(replay)
+    sim, rng = LatentTreeSimulator(seed=0), np.random.default_rng(0)
+    (tmp_path / "trees").mkdir()
+    steps = []
+    for step in range(3):
+        trees = [sim.new_tree(p) for p in sim.sample_prompts(8, rng)]
+        for tree in trees:
+            for _ in range(3):
+                sim.rollout(tree, 0, rng)
+            sim.rollout(tree, 1, rng)  # a continuation from a prefix
+            for node in tree.nodes:
+                node.predicted = 0.5
+        write_jsonl(trees, tmp_path / "trees" / f"step_{step + 1:04d}.jsonl")
+        steps.append(trees)
+    result = replay.main([str(tmp_path), "--warmup", "1", "--sim-seeds", "0", "--previous", "none", "--steps"])
+    run = result["runs"][str(tmp_path)]
+    assert run["steps"] == 3 and run["scored_steps"] == 2 and len(run["per_step"]) == 3
+    assert set(run["summary"]) == {"shared", "running_mean", "last_step_mean", "prompt_history", "half"}
+    assert set(run["acceptance"]) >= {"brier_below_quarter_every_step", "beats_running_mean"}
+    first, second = run["per_step"][0], run["per_step"][1]
+    _, outcomes = allocator_outcomes(steps[0])
+    assert first["rollouts"] == outcomes.size == 8 * 4 and first["from_prefixes"] == 8
+    assert first["rows"]["shared"]["brier"] == first["rows"]["half"]["brier"] == brier_score(np.full(outcomes.size, 0.5), outcomes)
+    _, later = allocator_outcomes(steps[1])
+    assert second["rows"]["running_mean"]["brier"] == pytest.approx(brier_score(np.full(later.size, outcomes.mean()), later))
+    assert {"loss", "loss_after", "brier_roots", "brier_prefixes", "brier_nodes", "ece"} <= set(second["rows"]["shared"])
 
 
 def test_load_state_dict_rejects_a_foreign_state() -> None:

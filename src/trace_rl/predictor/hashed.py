@@ -12,9 +12,9 @@ repeated n-gram counts twice):
 - `l<field>:` n-grams of the last turn only (the most recent evidence weighs on its own);
 - `d:` the depth (number of turns), capped at 16.
 
-Two logistic regressions p = σ(b + Σ w_j) read these features, each trained with AdaGrad on
+Two logistic regressions z = b + Σ w_j read these features, each trained with AdaGrad on
 cross-entropy against fractional targets (tree backup values), with L2 on the weights a minibatch
-touches:
+touches, and each minibatch step capped in what it may do to a logit (below):
 
 - the *shared model* sees every feature above and learns from every example; it answers for
   intermediate prefixes;
@@ -39,15 +39,51 @@ on the root examples of the last `replay_batches` updates as well (kept as promp
 weight: small, and in the state), and the root head makes `root_epochs` passes over them. On the
 simulator this lowers the held-out root error by 16-19%.
 
-Why calibration: out of sample the shared model is over-confident on prefixes (a fitted slope of
-about 0.8 in log-odds on the simulator). Before each update, its logits for the new batch's prefix
-examples are out-of-sample predictions; a Platt scaling p = σ(a z + c), fitted on those of the last
-`calibration_batches` updates (a weak prior pulls it towards a = 1, c = 0), corrects it: the squared
-error against the truth on the nodes the allocator asks about falls by 4-5%. Roots are left raw: on
-the root head it brought no consistent held-out gain and made Stage 1 sample more prompts.
+Why the step cap: AdaGrad's first steps move every feature they touch by about the learning rate,
+whatever its gradient, so one minibatch step moves an example's logit by about lr x (its number of
+active features). A simulator prefix lights up about 60 (at most about 100); a real multi-hop
+prefix (prompt and turns with long search results) about 500 (up to about 1,000), so on the demo
+run the old update took the loss of its very first batch from 0.693 to 8.46 and training diverged
+(`predictor/brier` 0.19, 0.34, 0.47, 0.44 over steps 1-4, where a constant 0.5 scores 0.25; replayed
+over 20 steps, 0.45 after five warm-up steps, 0.65 on continuations). Each minibatch step is therefore
+scaled down, as a whole, until no example of the minibatch has its logit moved by more than
+`max_logit_step`: how far a step goes no longer depends on how many features are active. On the
+simulator it also helps, since there too the first steps overshoot: replayed on its TRACE trees (2
+worlds, 40 batches), continuations from prefixes score a Brier of 0.217 instead of 0.227, and the
+worst batch 0.205 instead of 0.267.
 
-All weights start at zero and the calibration at the identity, so every prediction is exactly 0.5
-until the first update. A word hashes to CRC32(word) and an n-gram folds the next word in
+Why calibration, and what it reads: before each update the models' logits for the new batch are
+out-of-sample predictions. A small logistic regression per head, over the raw logit z and a few
+summary features s of the history,
+
+    p = σ(a z + β·s + c),
+
+is fitted on those of the last `calibration_batches` updates (a prior of weight `calibration_prior`
+pulls it towards a = 1, β = 0, c = 0, and a stays in [0, `calibration_max_slope`]). It shrinks an
+over-confident model (on real trees the fitted slope is about 0.3 on roots and near 0 on prefixes:
+out of sample the n-gram models barely generalise there), lets c follow a success rate that moves
+as the policy learns, and learns from the summary features what the n-grams cannot express:
+
+- prefixes: how many words of the last action (its markup removed: for a search, the query) appear
+  neither in the prompt nor in an earlier observation (exactly 1, 2 or more, or no words at all): a
+  query for something the agent has not seen is a guess (on a 20-step demo run, 60% of the prefixes
+  whose query words had all appeared before succeeded, 6% of the others); whether the last action
+  repeats an earlier one; the prompt's length in words (9-12, 13-16, 17 or more: longer questions
+  have more hops; 1-2-hop questions succeeded 75%, 3-4-hop ones 50%);
+- roots: the prompt's length in words, as above.
+
+Prefixes answer calibrated as soon as the first update has fitted a calibration. Roots do only while it
+helps: at each update each batch of the window is predicted by the calibration fitted on the others,
+and the root head answers calibrated only if that held-out cross-entropy undercuts the raw logits'
+by `calibration_margin`. On real trees the raw root head is badly over-confident and the
+calibration wins from about the fourth update on; on the simulator the raw root head is already
+calibrated (held out, calibrating it changed its cross-entropy by +0.6%), yet calibrating it anyway
+cost TRACE 0.022 of effective ratio (10 seeds of `trace_rl.bench`), and the margin keeps it raw there.
+`benchmarks/predictor_replay.py` measures all of this against a running-mean constant, the
+per-prompt history and the previous predictor, on recorded runs and on the simulator.
+
+All weights start at zero and the calibrations at the identity (and unused), so every prediction
+is exactly 0.5 until the first update. A word hashes to CRC32(word) and an n-gram folds the next word in
 (h·0x9E3779B1 + CRC32(word) mod 2³²); a feature's index is that hash XOR CRC32(namespace) mod
 num_features. This is stable across runs and processes (unlike Python's salted `hash`), and
 minibatch order comes from a seeded generator, so training is deterministic given the seed.
@@ -68,11 +104,14 @@ from trace_rl.predictor.base import check_training_batch
 from trace_rl.tree import History, Turn
 
 _WORD = re.compile(r"[a-z0-9]+")
+_MARKUP = re.compile(r"<[^>]*>")  # tags around a tool call (`<search> ... </search>`)
 _MAX_DEPTH_FEATURE = 16
 _CACHE_LIMIT = 200_000
-_STATE_VERSION = 2
-_CALIBRATION_PRIOR = 0.01
-"""Strength of the pull of the Platt scaling towards the identity, as a share of its data's weight."""
+_STATE_VERSION = 3
+_HEADS = ("root", "prefix")
+_PROMPT_LENGTHS = (9, 13, 17)
+"""Prompt-length bins of the calibration's summary features: 9-12, 13-16 and 17 or more words (fewer
+than 9 is the baseline)."""
 
 
 def _salt(namespace: str) -> np.uint32:
@@ -98,9 +137,12 @@ class _Logistic:
 
     def fit(
         self, starts: np.ndarray, indices: np.ndarray, y: np.ndarray, w: np.ndarray, *, epochs: int, config: PredictorConfig, rng: np.random.Generator
-    ) -> None:
-        """`epochs` AdaGrad passes of weighted cross-entropy over the CSR examples, minibatches in `rng` order."""
-        lr, l2, size = config.learning_rate, config.l2, config.batch_size
+    ) -> tuple[int, int]:
+        """`epochs` AdaGrad passes of weighted cross-entropy over the CSR examples, minibatches in `rng`
+        order, each step scaled down so that it moves no logit of its minibatch by more than
+        `config.max_logit_step`. Returns (steps taken, steps the cap scaled down)."""
+        lr, l2, size, cap = config.learning_rate, config.l2, config.batch_size, config.max_logit_step
+        steps = capped = 0
         for _ in range(epochs):
             order = rng.permutation(y.size)
             for begin in range(0, y.size, size):
@@ -114,11 +156,22 @@ class _Logistic:
                 touched, inverse = np.unique(batch_idx, return_inverse=True)
                 grad = np.bincount(inverse, weights=residual[batch_rows], minlength=touched.size)
                 grad += l2 * self.weights[touched]
-                self.accum[touched] += grad**2
-                self.weights[touched] -= lr * grad / np.sqrt(self.accum[touched])
+                accum = self.accum[touched] + grad**2
+                step = lr * grad / np.sqrt(accum)
                 grad_bias = float(residual.sum())
-                self.accum_bias += grad_bias**2
-                self.bias -= lr * grad_bias / np.sqrt(self.accum_bias)
+                accum_bias = self.accum_bias + grad_bias**2
+                step_bias = lr * grad_bias / np.sqrt(accum_bias)
+                if cap > 0.0:  # how far the step moves each example's logit
+                    moved = np.abs(step_bias + np.bincount(batch_rows, weights=step[inverse], minlength=batch.size)).max()
+                    if moved > cap:
+                        step, step_bias = step * (cap / moved), step_bias * (cap / moved)
+                        capped += 1
+                steps += 1
+                self.accum[touched] = accum
+                self.weights[touched] -= step
+                self.accum_bias = accum_bias
+                self.bias -= step_bias
+        return steps, capped
 
     def state(self) -> dict:
         return {"weights": self.weights.copy(), "bias": self.bias, "accum": self.accum.copy(), "accum_bias": self.accum_bias}
@@ -164,8 +217,31 @@ class PredictorConfig:
     root_epochs: int = 8
     """Passes of the root head over the (current and replayed) root examples per update; 4 fits less,
     16 no better than 8 on the simulator."""
+    max_logit_step: float = 1.0
+    """Most a minibatch step of AdaGrad may move the logit of any example in it (0: no cap); a larger
+    step is scaled down as a whole. Replaying a 20-step demo run's TRACE trees, no cap diverges even
+    with the calibration below (Brier after five warm-up steps 0.424, on continuations from prefixes
+    0.624); caps of 0.3, 1 and 3 score 0.228, 0.228 and 0.229. On the simulator 0.5, 1 and 3 score
+    alike too (replayed Brier 0.179-0.182, against 0.193 without a cap)."""
     calibration_batches: int = 10
-    """Updates whose out-of-sample prefix logits fit the Platt scaling of prefix predictions (0: none)."""
+    """Updates whose out-of-sample logits (and summary features) fit each head's calibration, and over
+    which the root head's calibration must beat its raw logits to be used (0: no calibration). On the
+    replayed demo runs (TRACE / GRPO trees, Brier after five warm-up steps) 5 gave 0.231 / 0.219, 10
+    0.228 / 0.218, 20 0.227 / 0.218; without calibration 0.263 / 0.238, worse than the running-mean
+    constant (0.240 / 0.235)."""
+    calibration_prior: float = 0.01
+    """Weight of the calibration's pull towards the identity (slope 1, other coefficients 0), as a share
+    of its data's weight (> 0: it also keeps the fit well posed). On the replayed demo runs 0.1 gave
+    0.242 / 0.222, 0.01 0.228 / 0.218, 0.003 0.226 / 0.219; the simulator does not tell them apart."""
+    calibration_margin: float = 0.02
+    """Share by which the root head's calibration, held out, must undercut the raw logits' cross-entropy
+    before the root head uses it (see the module docstring). At 0 it opens on the simulator's small,
+    noisy gains and TRACE's effective ratio fell by 0.022 ± 0.004 (10 seeds); at 0.02 it changed by
+    +0.004 ± 0.005. On the replayed demo runs 0, 0.02 and 0.05 gave 0.226, 0.228 and 0.230 (TRACE)."""
+    calibration_max_slope: float = 2.0
+    """Largest slope a of a calibration (the smallest is 0: a calibration may ignore the raw logit, never
+    reverse it). Without a bound the old Platt scaling reached slopes of 670-1190 on a demo run; 1 and
+    2 score the same on the replayed runs."""
 
     def __post_init__(self) -> None:
         if self.num_features < 2:
@@ -186,6 +262,14 @@ class PredictorConfig:
             raise ValueError(
                 f"replay_batches and calibration_batches must be >= 0, got {self.replay_batches} and {self.calibration_batches}"
             )
+        if not self.max_logit_step >= 0.0 or not np.isfinite(self.max_logit_step):
+            raise ValueError(f"max_logit_step must be a finite number >= 0, got {self.max_logit_step}")
+        if not self.calibration_prior > 0.0 or not np.isfinite(self.calibration_prior):
+            raise ValueError(f"calibration_prior must be a finite number > 0, got {self.calibration_prior}")
+        if not 0.0 <= self.calibration_margin < 1.0:
+            raise ValueError(f"calibration_margin must be in [0, 1), got {self.calibration_margin}")
+        if not self.calibration_max_slope >= 0.0 or not np.isfinite(self.calibration_max_slope):
+            raise ValueError(f"calibration_max_slope must be a finite number >= 0, got {self.calibration_max_slope}")
 
 
 class HashedNgramPredictor:
@@ -199,8 +283,12 @@ class HashedNgramPredictor:
         self._shared = _Logistic(size, start)  # every example; answers for prefixes
         self._root = _Logistic(size, start)  # root examples only; answers for roots
         self._replay: list[tuple[list[str], np.ndarray, np.ndarray]] = []  # per earlier update: root (prompts, targets, weights)
-        self._calibration_data: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # per update: prefix (logits, targets, weights)
-        self.calibration = (1.0, 0.0)  # Platt slope a and intercept c of prefix predictions: σ(a z + c)
+        self._calibration_data: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {head: [] for head in _HEADS}
+        """Per head, per update: (design [raw logit, summary features, 1], targets, weights), oldest first."""
+        self.calibration: dict[str, np.ndarray] = {head: _identity(head) for head in _HEADS}
+        """Per head, the coefficients (a, β..., c) of p = σ(a z + β·s + c)."""
+        self.calibrated: dict[str, bool] = {head: False for head in _HEADS}
+        """Per head, whether it answers calibrated (prefixes: once fitted; roots: while it beats the raw logits)."""
         self._rng = np.random.default_rng(self.seed)
         self.num_updates = 0
         self._reset_caches()
@@ -210,6 +298,9 @@ class HashedNgramPredictor:
         self._word_cache: dict[str, int] = {}
         self._text_cache: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._turn_cache: dict[Turn, tuple[np.ndarray, np.ndarray, int]] = {}
+        self._words_cache: dict[str, frozenset[str]] = {}  # words of a prompt or an observation
+        self._query_cache: dict[str, tuple[str, ...]] = {}  # words of an action, markup removed
+        self._lengths: dict[str, int] = {}  # words in a prompt
         hashes, _ = self._gram_hashes([str(d) for d in range(_MAX_DEPTH_FEATURE + 1)])  # one word each
         self._depth_index = list(self._index(hashes, _salt("d:"))[:, None])
 
@@ -310,6 +401,42 @@ class HashedNgramPredictor:
         indices = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
         return np.repeat(np.arange(len(prompts), dtype=np.int64), lengths), indices
 
+    def _words(self, text: str) -> frozenset[str]:
+        words = self._words_cache.get(text)
+        if words is None:
+            if len(self._words_cache) > _CACHE_LIMIT:
+                self._words_cache.clear()
+            words = self._words_cache[text] = frozenset(_WORD.findall(text.lower()))
+        return words
+
+    def _summary(self, history: History) -> list[float]:
+        """The calibration's summary features of a history (see the module docstring): for a root the
+        prompt-length bins; for a prefix the novel words of its last action (exactly 1, 2 or more, no
+        words at all), whether that action repeats an earlier one, then the prompt-length bins."""
+        length = self._lengths.get(history.prompt)
+        if length is None:
+            if len(self._lengths) > _CACHE_LIMIT:
+                self._lengths.clear()
+            length = self._lengths[history.prompt] = len(_WORD.findall(history.prompt.lower()))
+        bins = [float(low <= length < high) for low, high in zip(_PROMPT_LENGTHS, (*_PROMPT_LENGTHS[1:], np.inf))]
+        if not history.turns:
+            return bins
+        last = history.turns[-1]
+        query = self._query_cache.get(last.action)
+        if query is None:
+            if len(self._query_cache) > _CACHE_LIMIT:
+                self._query_cache.clear()
+            query = self._query_cache[last.action] = tuple(_WORD.findall(_MARKUP.sub(" ", last.action).lower()))
+        seen = [self._words(history.prompt), *(self._words(turn.observation) for turn in history.turns[:-1])]
+        novel = sum(1 for word in query if not any(word in words for words in seen))
+        repeat = any(turn.action == last.action for turn in history.turns[:-1])
+        return [float(novel == 1), float(novel >= 2), float(not query), float(repeat), *bins]
+
+    def _design(self, histories: Sequence[History], z: np.ndarray) -> np.ndarray:
+        """Calibration rows [raw logit, summary features, 1] of (non-empty) histories of one head."""
+        summary = np.array([self._summary(h) for h in histories], dtype=np.float64)
+        return np.column_stack([z, summary, np.ones(len(histories))])
+
     # ------------------------------------------------------------ model
 
     def _raw_logits(self, histories: Sequence[History]) -> tuple[np.ndarray, np.ndarray]:
@@ -324,38 +451,61 @@ class HashedNgramPredictor:
             z[~is_root] = self._shared.logits(*self.features(prefixes), len(prefixes))
         return z, is_root
 
-    def _calibrate(self, z: np.ndarray, is_root: np.ndarray) -> np.ndarray:
-        slope, intercept = self.calibration
-        return np.where(is_root, z, slope * z + intercept)
+    def _heads(
+        self, histories: Sequence[History], z: np.ndarray, is_root: np.ndarray, *, only_calibrated: bool = False
+    ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Per head with histories in the batch (and in use, if `only_calibrated`): (their positions, their design rows)."""
+        out = {}
+        for head, mask in (("root", is_root), ("prefix", ~is_root)):
+            where = np.flatnonzero(mask)
+            if where.size and (self.calibrated[head] or not only_calibrated):
+                out[head] = (where, self._design([histories[i] for i in where], z[where]))
+        return out
+
+    def _calibrated_logits(self, z: np.ndarray, heads: dict[str, tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+        """The logits the predictor answers with: each head's calibration where it is in use, else raw
+        `z`. `heads` from `_heads` (its designs' first column is overwritten with `z`)."""
+        out = z.copy()
+        for head, (where, design) in heads.items():
+            if self.calibrated[head]:
+                design[:, 0] = z[where]
+                out[where] = design @ self.calibration[head]
+        return out
 
     def predict(self, histories: Sequence[History]) -> np.ndarray:
         """Success probability from each history, float64 in [0, 1]; exactly 0.5 before any update."""
         z, is_root = self._raw_logits(histories)
-        return _sigmoid(self._calibrate(z, is_root))
+        return _sigmoid(self._calibrated_logits(z, self._heads(histories, z, is_root, only_calibrated=True)))
 
     def update(
         self, histories: Sequence[History], targets: np.ndarray, weights: np.ndarray | None = None
     ) -> dict[str, float]:
-        """One online step: refit the prefix calibration, then train both models (see the module docstring).
+        """One online step: refit each head's calibration and decide whether it is used, then train
+        both models (see the module docstring).
 
         The shared model makes `epochs` passes over the batch plus the replayed root examples, the
         root head `root_epochs` passes over the batch's and the replayed root examples, in seeded
         order. Returns `predictor/loss` (weighted cross-entropy of the predictions made before the
         update: an out-of-sample figure), `predictor/loss_after`, `predictor/examples`,
-        `predictor/replayed` (root examples trained on again) and the calibration's
-        `predictor/calibration_slope` and `predictor/calibration_intercept`. Raises ValueError for
-        mismatched lengths, NaN or out-of-range targets.
+        `predictor/replayed` (root examples trained on again), `predictor/step_capped` (share of
+        minibatch steps `max_logit_step` scaled down), and per head (`root_`: the root head's; none:
+        the prefixes') `predictor/calibration_slope`, `predictor/calibration_intercept` and
+        `predictor/calibrated` (1 while the calibration is used). Raises ValueError for mismatched
+        lengths, NaN or out-of-range targets.
         """
         y, w = check_training_batch(histories, targets, weights)
         count = len(histories)
         if count == 0 or w.sum() <= 0.0:
             return {"predictor/loss": 0.0, "predictor/loss_after": 0.0, "predictor/examples": 0.0}
         z, is_root = self._raw_logits(histories)
-        loss_before = _cross_entropy(self._calibrate(z, is_root), y, w)
-        if self.config.calibration_batches and self.num_updates and (~is_root).any():  # untrained logits say nothing
-            prefix = ~is_root
-            self._calibration_data = [*self._calibration_data, (z[prefix], y[prefix], w[prefix])][-self.config.calibration_batches :]
-            self.calibration = _fit_platt(*(np.concatenate(column) for column in zip(*self._calibration_data)))
+        heads = self._heads(histories, z, is_root, only_calibrated=not self.config.calibration_batches)
+        loss_before = _cross_entropy(self._calibrated_logits(z, heads), y, w)
+        if self.config.calibration_batches:
+            for head, (where, design) in heads.items():
+                window = [*self._calibration_data[head], (design.copy(), y[where], w[where])][-self.config.calibration_batches :]
+                self._calibration_data[head] = window
+                self.calibration[head] = _fit_calibration(*(np.concatenate(column) for column in zip(*window)), config=self.config)
+                self.calibrated[head] = head == "prefix" or bool(_calibration_helps(window, self.config))
 
         # Shared model: this whole batch, then the replayed roots. Root head: this batch's roots, then the replayed ones.
         old_prompts = [p for prompts, _, _ in self._replay for p in prompts]
@@ -363,26 +513,30 @@ class HashedNgramPredictor:
         old_w = np.concatenate([np.zeros(0), *(v for _, _, v in self._replay)])
         rows, indices = self.features([*histories, *(History(p) for p in old_prompts)])
         shared = (_row_starts(rows, count + len(old_prompts)), indices, np.concatenate([y, old_y]), np.concatenate([w, old_w]))
-        self._shared.fit(*shared, epochs=self.config.epochs, config=self.config, rng=self._rng)
+        steps, capped = self._shared.fit(*shared, epochs=self.config.epochs, config=self.config, rng=self._rng)
         roots = np.flatnonzero(is_root)
         new_prompts = [histories[i].prompt for i in roots]
         rows, indices = self._root_features(new_prompts + old_prompts)
         root_y, root_w = np.concatenate([y[roots], old_y]), np.concatenate([w[roots], old_w])
         root = (_row_starts(rows, roots.size + len(old_prompts)), indices, root_y, root_w)
-        self._root.fit(*root, epochs=self.config.root_epochs, config=self.config, rng=self._rng)
+        root_steps, root_capped = self._root.fit(*root, epochs=self.config.root_epochs, config=self.config, rng=self._rng)
 
         if self.config.replay_batches:
             self._replay = [*self._replay, (new_prompts, y[roots].copy(), w[roots].copy())][-self.config.replay_batches :]
         self.num_updates += 1
         z_after, _ = self._raw_logits(histories)
-        return {
+        metrics = {
             "predictor/loss": loss_before,
-            "predictor/loss_after": _cross_entropy(self._calibrate(z_after, is_root), y, w),
+            "predictor/loss_after": _cross_entropy(self._calibrated_logits(z_after, heads), y, w),
             "predictor/examples": float(count),
             "predictor/replayed": float(len(old_prompts)),
-            "predictor/calibration_slope": self.calibration[0],
-            "predictor/calibration_intercept": self.calibration[1],
+            "predictor/step_capped": (capped + root_capped) / max(steps + root_steps, 1),
         }
+        for head, prefix in (("prefix", ""), ("root", "root_")):
+            metrics[f"predictor/{prefix}calibration_slope"] = float(self.calibration[head][0])
+            metrics[f"predictor/{prefix}calibration_intercept"] = float(self.calibration[head][-1])
+            metrics[f"predictor/{prefix}calibrated"] = float(self.calibrated[head])
+        return metrics
 
     # ------------------------------------------------------------ state
 
@@ -396,10 +550,12 @@ class HashedNgramPredictor:
             "shared": self._shared.state(),
             "root": self._root.state(),
             "replay": [{"prompts": list(p), "targets": t.copy(), "weights": v.copy()} for p, t, v in self._replay],
-            "calibration": list(self.calibration),
-            "calibration_data": [
-                {"logits": z.copy(), "targets": t.copy(), "weights": v.copy()} for z, t, v in self._calibration_data
-            ],
+            "calibration": {head: self.calibration[head].copy() for head in _HEADS},
+            "calibrated": dict(self.calibrated),
+            "calibration_data": {
+                head: [{"design": x.copy(), "targets": t.copy(), "weights": v.copy()} for x, t, v in self._calibration_data[head]]
+                for head in _HEADS
+            },
             "rng": self._rng.bit_generator.state,
             "num_updates": self.num_updates,
         }
@@ -410,7 +566,8 @@ class HashedNgramPredictor:
         if state.get("version") != _STATE_VERSION:
             raise ValueError(
                 f"state version must be {_STATE_VERSION}, got {state.get('version')!r}: it was saved by an older "
-                "HashedNgramPredictor (one model, no replay buffer), which cannot be resumed exactly"
+                "HashedNgramPredictor (version 1: one model, no replay buffer; 2: an unbounded Platt scaling of "
+                "prefixes, no step cap), which cannot be resumed exactly"
             )
         known = {f.name for f in fields(PredictorConfig)}
         config = PredictorConfig(**{k: v for k, v in state["config"].items() if k in known})
@@ -418,6 +575,10 @@ class HashedNgramPredictor:
         shared, root = _Logistic(size, config.initial_accumulator), _Logistic(size, config.initial_accumulator)
         shared.load(state["shared"], size)
         root.load(state["root"], size)
+        calibration = {head: np.asarray(state["calibration"][head], dtype=np.float64).copy() for head in _HEADS}
+        for head in _HEADS:
+            if calibration[head].shape != _identity(head).shape:
+                raise ValueError(f"calibration of the {head} head must have shape {_identity(head).shape}, got {calibration[head].shape}")
         self.config = config
         self.seed = int(state.get("seed", state["config"].get("seed", 0)))
         self._reset_caches()  # cached indices may belong to another feature space
@@ -426,31 +587,73 @@ class HashedNgramPredictor:
             ([str(p) for p in b["prompts"]], np.asarray(b["targets"], dtype=np.float64).copy(), np.asarray(b["weights"], dtype=np.float64).copy())
             for b in state["replay"]
         ]
-        self._calibration_data = [
-            tuple(np.asarray(b[k], dtype=np.float64).copy() for k in ("logits", "targets", "weights")) for b in state["calibration_data"]
-        ]
-        self.calibration = (float(state["calibration"][0]), float(state["calibration"][1]))
+        self.calibration = calibration
+        self.calibrated = {head: bool(state["calibrated"][head]) for head in _HEADS}
+        self._calibration_data = {
+            head: [tuple(np.asarray(b[k], dtype=np.float64).copy() for k in ("design", "targets", "weights")) for b in state["calibration_data"][head]]
+            for head in _HEADS
+        }
         self._rng = np.random.default_rng()
         self._rng.bit_generator.state = state["rng"]
         self.num_updates = int(state["num_updates"])
 
 
-def _fit_platt(z: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[float, float]:
-    """Slope a and intercept c minimising the weighted cross-entropy of σ(a z + c) against y, plus
-    `_CALIBRATION_PRIOR`·((a − 1)² + c²)/2 per unit of weight: Newton's method (a convex problem of
-    two unknowns, the prior keeps it well posed when the logits barely vary)."""
+def _identity(head: str) -> np.ndarray:
+    """The calibration that changes nothing: slope 1 on the raw logit, 0 on the summary features and the
+    intercept (a root has the prompt-length bins, a prefix four more features)."""
+    theta = np.zeros(2 + len(_PROMPT_LENGTHS) + (4 if head == "prefix" else 0))
+    theta[0] = 1.0
+    return theta
+
+
+def _fit_calibration(design: np.ndarray, y: np.ndarray, w: np.ndarray, *, config: PredictorConfig) -> np.ndarray:
+    """Coefficients θ minimising the weighted cross-entropy of σ(design θ) against y plus
+    `calibration_prior`·|θ − identity|²/2 per unit of weight, with the slope θ[0] kept in
+    [0, `calibration_max_slope`]: Newton's method on a small convex problem (the prior keeps it well
+    posed when the logits barely vary or a summary feature never fires); when the slope falls outside
+    its bounds it is fixed at the nearer one and the rest refitted."""
     w = w / w.sum()
-    a, c = 1.0, 0.0
-    for _ in range(50):
-        p = _sigmoid(a * z + c)
-        r, s = w * (p - y), w * p * (1.0 - p)
-        grad = np.array([np.dot(r, z) + _CALIBRATION_PRIOR * (a - 1.0), r.sum() + _CALIBRATION_PRIOR * c])
-        hess = np.array([[np.dot(s, z * z), np.dot(s, z)], [np.dot(s, z), s.sum()]]) + _CALIBRATION_PRIOR * np.eye(2)
-        step = np.linalg.solve(hess, grad)
-        a, c = a - float(step[0]), c - float(step[1])
-        if np.abs(step).max() < 1e-9:
+    prior, dims = config.calibration_prior, design.shape[1]
+    start = np.zeros(dims)
+    start[0] = 1.0
+    theta, free = start.copy(), np.ones(dims, dtype=bool)
+    for _ in range(2):
+        for _ in range(50):
+            p = _sigmoid(design @ theta)
+            grad = design.T @ (w * (p - y)) + prior * (theta - start)
+            hess = (design * (w * p * (1.0 - p))[:, None]).T @ design + prior * np.eye(dims)
+            step = np.zeros(dims)
+            step[free] = np.linalg.solve(hess[np.ix_(free, free)], grad[free])
+            theta -= step
+            if np.abs(step).max() < 1e-9:
+                break
+        if 0.0 <= theta[0] <= config.calibration_max_slope:
             break
-    return a, c
+        theta[0] = float(np.clip(theta[0], 0.0, config.calibration_max_slope))
+        free[0] = False
+    return theta
+
+
+def _calibration_helps(window: list[tuple[np.ndarray, np.ndarray, np.ndarray]], config: PredictorConfig) -> bool:
+    """Whether, predicting each update of the window with the calibration fitted on the others, the
+    calibrated logits have a lower weighted cross-entropy than the raw ones (False below two updates)."""
+    if len(window) < 2:
+        return False
+    raw = calibrated = 0.0
+    for held_out in range(len(window)):
+        rest = [batch for index, batch in enumerate(window) if index != held_out]
+        theta = _fit_calibration(*(np.concatenate(column) for column in zip(*rest)), config=config)
+        design, y, w = window[held_out]
+        raw += _cross_entropy(design[:, 0], y, w) * w.sum()
+        calibrated += _cross_entropy(design @ theta, y, w) * w.sum()
+    return calibrated < (1.0 - config.calibration_margin) * raw
+
+
+def _fit_platt(z: np.ndarray, y: np.ndarray, w: np.ndarray, config: PredictorConfig | None = None) -> tuple[float, float]:
+    """Platt scaling: slope a and intercept c of σ(a z + c), fitted like a calibration without summary
+    features (`_fit_calibration`)."""
+    theta = _fit_calibration(np.column_stack([z, np.ones_like(z)]), y, w, config=config or PredictorConfig())
+    return float(theta[0]), float(theta[1])
 
 
 def _cross_entropy(z: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
