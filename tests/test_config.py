@@ -1,7 +1,6 @@
 from dataclasses import dataclass, field
-from typing import Literal
-
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
