@@ -94,6 +94,15 @@ def _outcomes(name: str, values: ArrayLike, *, like: np.ndarray) -> np.ndarray:
     return array
 
 
+def _per_prompt_bounds(min_per_prompt: object, max_per_prompt: object, *, minimum: int) -> tuple[int, int | None]:
+    """(min_per_prompt, max_per_prompt or None) checked as whole numbers, the max not below the min."""
+    low = _whole("min_per_prompt", min_per_prompt, minimum=minimum)
+    high = None if max_per_prompt is None else _whole("max_per_prompt", max_per_prompt, minimum=0)
+    if high is not None and high < low:
+        raise ValueError(f"max_per_prompt={high} must be >= min_per_prompt={low}")
+    return low, high
+
+
 def _whole(name: str, value: object, *, minimum: int) -> int:
     """An integer >= minimum. Python and numpy integers pass; floats (even 3.0) and bools do not,
     so a budget computed as `total * share` must be rounded where its rounding rule is visible."""
@@ -496,10 +505,7 @@ def allocate_roots(
     """
     v = _probabilities("v", v)
     budget = _whole("budget", budget, minimum=0)
-    low = _whole("min_per_prompt", min_per_prompt, minimum=2)
-    high = None if max_per_prompt is None else _whole("max_per_prompt", max_per_prompt, minimum=0)
-    if high is not None and high < low:
-        raise ValueError(f"max_per_prompt={high} must be >= min_per_prompt={low}")
+    low, high = _per_prompt_bounds(min_per_prompt, max_per_prompt, minimum=2)
     allocation = np.zeros(v.size, dtype=np.int64)
     if budget == 0:
         return allocation
@@ -692,10 +698,7 @@ def knapsack_roots(
     """
     p = _probabilities("p", p)
     budget = _whole("budget", budget, minimum=0)
-    low = _whole("min_per_prompt", min_per_prompt, minimum=1)
-    high = None if max_per_prompt is None else _whole("max_per_prompt", max_per_prompt, minimum=0)
-    if high is not None and high < low:
-        raise ValueError(f"max_per_prompt={high} must be >= min_per_prompt={low}")
+    low, high = _per_prompt_bounds(min_per_prompt, max_per_prompt, minimum=1)
     zero_floor = low if zero_per_prompt is None else _whole("zero_per_prompt", zero_per_prompt, minimum=0)
     one_floor = low if one_per_prompt is None else _whole("one_per_prompt", one_per_prompt, minimum=0)
     known = _known_mask(known, like=p)
