@@ -53,3 +53,26 @@ def test_one_seed_has_no_interval(tmp_path):
     summary = summarise(tmp_path, CompareConfig(methods=["grpo"], seeds=[0]))
     assert math.isnan(summary["methods"]["grpo"]["final_accuracy_ci95"])
     assert "0.500 ± —" in summary_table(summary)
+
+
+def test_the_starting_policy_is_the_react_row_and_where_every_curve_starts(tmp_path):
+    from trace_rl.compare import write_start
+
+    config = CompareConfig(methods=["grpo", "trace"], seeds=[0, 1])
+    for seed, start in enumerate([0.30, 0.34]):
+        write_start(config.run, tmp_path / "react" / f"seed_{seed}", {"val/accuracy_sampled": start, "val/accuracy_sampled_se": 0.01})
+        _run(tmp_path / "grpo" / f"seed_{seed}", [0.31, 0.31])  # below the start on seed 1
+        _run(tmp_path / "trace" / f"seed_{seed}", [0.40, 0.45 + seed / 100])
+    summary = summarise(tmp_path, config)
+    assert summary["react"]["final_accuracy"] == pytest.approx(0.32) and summary["react"]["seeds"] == 2
+    assert summary["methods"]["trace"]["accuracy_gain"] == pytest.approx(np.mean([0.45 - 0.30, 0.46 - 0.34]))  # per seed
+    assert summary["methods"]["grpo"]["accuracy_gain"] == pytest.approx(np.mean([0.01, -0.03]))
+    # GRPO ends at 0.31, below the start's mean 0.32: every method "reaches" it before spending a rollout
+    assert summary["methods"]["trace"]["rollouts_to_baseline_accuracy"] == 0.0
+    assert "| react (start, no RL) | — | — | 0.320 ± " in summary_table(summary)
+
+
+def test_without_a_start_evaluation_there_is_no_react_row(tmp_path):
+    _run(tmp_path / "grpo" / "seed_0", [0.5])
+    summary = summarise(tmp_path, CompareConfig(methods=["grpo"], seeds=[0]))
+    assert "react" not in summary and math.isnan(summary["methods"]["grpo"]["accuracy_gain"])

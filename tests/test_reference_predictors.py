@@ -20,7 +20,7 @@ def _tree(task_id: str, rewards: list[float], predicted: float = 0.5) -> Rollout
 def test_references_start_at_a_half_then_learn_the_mean_and_each_prompt():
     refs = ReferencePredictors()
     first = [_tree("a", [1.0, 1.0]), _tree("b", [0.0, 0.0])]
-    assert refs.score(first) == {"predictor/brier_constant": 0.25, "predictor/brier_history": 0.25}
+    assert refs.score(first) == {f"predictor/brier_{r}{s}": 0.25 for r in ("constant", "history") for s in ("", "_census")}
     refs.update(first)
     again = [_tree("a", [1.0, 0.0]), _tree("c", [1.0, 1.0])]
     scores = refs.score(again)
@@ -37,3 +37,21 @@ def test_only_rollouts_started_where_an_estimate_was_made_are_scored_and_state_r
     copy.load_state_dict(refs.state_dict())
     probe = [_tree("a", [0.0, 1.0])]
     assert copy.score(probe) == refs.score(probe)
+
+
+def test_the_census_also_judges_every_prefix_estimate_against_the_rollouts_through_it():
+    from trace_rl.metrics import predictor_metrics, scored_estimates
+
+    tree = RolloutTree.new("a", "question a")
+    tree.root.predicted = 0.5
+    first = tree.add_turn(0, thought="look", starts_rollout=True)
+    tree.add_turn(first, action="answer", reward=0.0, starts_rollout=False)  # the bare rollout
+    tree.nodes[first].predicted = 0.9  # an optimistic prefix estimate, expanded once
+    tree.add_turn(first, action="answer", reward=1.0, starts_rollout=True)
+    assert scored_estimates([tree]) == [(0, 0, 0.0), (0, 1, 1.0)]  # each rollout at its start
+    assert scored_estimates([tree], census=True) == [(0, 0, 0.0), (0, 1, 0.0), (0, 1, 1.0)]
+    figures = predictor_metrics([tree])
+    assert figures["predictor/brier"] == pytest.approx((0.25 + 0.01) / 2)
+    assert figures["predictor/brier_census"] == pytest.approx((0.25 + 0.81 + 0.01) / 3)
+    refs = ReferencePredictors()
+    assert refs.score([tree])["predictor/brier_constant_census"] == pytest.approx(0.25)

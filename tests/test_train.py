@@ -13,11 +13,13 @@ import torch
 from scripted_engine import ScriptedEngine, coin_flip_answers
 
 from trace_rl.agent.tasks import load_taskset
-from trace_rl.compare import CompareConfig, run_compare
+from trace_rl.compare import CompareConfig, run_compare, write_start
 from trace_rl.config import ConfigError, load_config
 from trace_rl.models import TinyConfig, load_policy
 from trace_rl.rollout import TreeRolloutCollector
 from trace_rl.run import Parts, RunConfig, build_env, build_predictor, build_trainer
+from trace_rl.rundir import RunDir
+from trace_rl.train.trainer import held_out_accuracy
 
 REPO = Path(__file__).resolve().parents[1]
 TIMING = ("timing_s/",)
@@ -136,17 +138,24 @@ def test_compare_trains_every_method_and_seed_and_writes_the_summary(tmp_path, m
         trained.append((run.rollout.method, run.seed))
         build_trainer(run, scripted_parts(run, cache), run_dir).run()
 
+    def evaluate_one(run: RunConfig, run_dir: Path) -> None:
+        trained.append(("start", run.seed))
+        _evaluate_scripted(run, run_dir)
+
     config = CompareConfig(methods=["grpo", "trace"], seeds=[0, 1], run=small_config(steps=2))
-    summary = run_compare(config, tmp_path / "cmp", train_one)
-    assert sorted(trained) == [("grpo", 0), ("grpo", 1), ("trace", 0), ("trace", 1)]
+    summary = run_compare(config, tmp_path / "cmp", train_one, evaluate_one)
+    assert sorted(trained) == [("grpo", 0), ("grpo", 1), ("start", 0), ("start", 1), ("trace", 0), ("trace", 1)]
     assert set(summary["methods"]) == {"grpo", "trace"}
     for figures in summary["methods"].values():
-        assert {"effective_ratio", "mixed_budget_share", "final_accuracy", "final_accuracy_std", "rollouts", "tokens"} <= set(figures)
+        assert {"effective_ratio", "mixed_budget_share", "final_accuracy", "final_accuracy_std", "rollouts", "tokens", "accuracy_gain"} <= set(figures)
         assert figures["rollouts"] == 2 * 12
+    assert summary["react"]["seeds"] == 2 and 0.0 <= summary["react"]["final_accuracy"] <= 1.0
+    assert RunDir(tmp_path / "cmp" / "react" / "seed_1").metrics()[0]["step"] == 0
     assert json.loads((tmp_path / "cmp" / "summary.json").read_text())["methods"].keys() == {"grpo", "trace"}
-    assert "| trace |" in (tmp_path / "cmp" / "summary.md").read_text()
-    run_compare(config, tmp_path / "cmp", train_one)  # finished runs are not trained again
-    assert len(trained) == 4
+    table = (tmp_path / "cmp" / "summary.md").read_text()
+    assert "| trace |" in table and "| react (start, no RL) |" in table
+    run_compare(config, tmp_path / "cmp", train_one, evaluate_one)  # finished runs and evaluations are not redone
+    assert len(trained) == 6
 
 
 def test_dapo_resamples_until_its_groups_are_mixed_and_counts_every_rollout(tmp_path):
@@ -185,14 +194,21 @@ def _train_scripted(run: RunConfig, run_dir: Path) -> None:
     build_trainer(run, scripted_parts(run, run_dir.parents[2] / "cache"), run_dir).run()
 
 
+def _evaluate_scripted(run: RunConfig, run_dir: Path) -> None:
+    """The starting policy's evaluation, on the scripted engine (module level, like `_train_scripted`)."""
+    parts = scripted_parts(run, run_dir.parents[2] / "cache")
+    write_start(run, run_dir, held_out_accuracy(parts.collector, parts.test.tasks, run.train.eval_samples))
+
+
 def test_compare_with_parallel_workers_gives_the_same_summary_as_one_at_a_time(tmp_path):
     config = CompareConfig(methods=["grpo", "trace"], seeds=[0, 1], run=small_config(steps=2))
-    one = run_compare(config, tmp_path / "one" / "cmp", _train_scripted)
+    one = run_compare(config, tmp_path / "one" / "cmp", _train_scripted, _evaluate_scripted)
     config.workers = 2
-    two = run_compare(config, tmp_path / "two" / "cmp", _train_scripted)
+    two = run_compare(config, tmp_path / "two" / "cmp", _train_scripted, _evaluate_scripted)
     for method in ("grpo", "trace"):
-        for key in ("effective_ratio", "mixed_budget_share", "final_accuracy", "rollouts", "tokens"):
+        for key in ("effective_ratio", "mixed_budget_share", "final_accuracy", "rollouts", "tokens", "accuracy_gain"):
             assert one["methods"][method][key] == two["methods"][method][key], (method, key)
+    assert one["react"] == two["react"]
 
 
 def test_eval_scores_a_runs_latest_checkpoint_or_the_starting_policy(tmp_path):

@@ -1,9 +1,11 @@
 """`trace-rl compare`: several methods, same seeds, budget and steps; one table.
 
 Every (method, seed) is a full training run in `DIR/<method>/seed_<k>/`; only `rollout.method`
-and `seed` differ between them. `DIR/summary.json` holds, per method, the figures averaged over
-steps (ratios) and seeds (accuracy), plus how many rollouts each method needed to first reach the
-first method's (the baseline's) final accuracy.
+and `seed` differ between them. The starting (warm-started) policy is evaluated once per seed in
+`DIR/react/seed_<k>/` (the paper's ReAct row: the agent without RL), the point every accuracy
+curve starts from. `DIR/summary.json` holds, per method, the figures averaged over steps (ratios)
+and seeds (accuracy), the gain over the starting policy, plus how many rollouts each method needed
+to first reach the first method's (the baseline's) final accuracy.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ class CompareConfig:
     workers: int = 1
     """Runs trained at once, each in its own process. Each run uses `run.model.cpu_threads` threads,
     so on an idle machine `workers × cpu_threads` up to the core count is close to linear."""
+    evaluate_start: bool = True
+    """Evaluate the starting policy once per seed (`DIR/react/seed_<k>/`, step 0, no rollouts spent),
+    with the same tasks and samples as the runs' evaluations."""
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in METHODS]
@@ -49,18 +54,40 @@ class CompareConfig:
             raise ValueError(f"accuracy must be val/accuracy_greedy or val/accuracy_sampled, got {self.accuracy!r}")
 
 
+START = "react"
+"""The folder (and table row) of the starting policy evaluated without RL."""
+
+
+def evaluate_starting_policy(run: RunConfig, run_dir: Path) -> None:
+    """Held-out accuracy of `run`'s starting policy, written as the step-0 record of `run_dir`."""
+    from trace_rl.run import evaluate_policy
+
+    figures = evaluate_policy(run)
+    write_start(run, run_dir, {k: v for k, v in figures.items() if k.startswith(("val/", "timing_s/"))})
+
+
+def write_start(run: RunConfig, run_dir: Path, figures: dict[str, float]) -> None:
+    folder = RunDir(run_dir)
+    folder.write_config(run)
+    folder.append_metrics({"step": 0, "rollout/rollouts_total": 0.0, "rollout/tokens_total": 0.0, **figures})
+
+
 def run_compare(
     config: CompareConfig,
     out: str | Path,
     train_one: Callable[[RunConfig, Path], None],
+    evaluate_one: Callable[[RunConfig, Path], None] = evaluate_starting_policy,
 ) -> dict[str, Any]:
-    """Train every (method, seed) with `train_one(config, run_dir)` (skipping finished runs), then summarise.
+    """Train every (method, seed) with `train_one(config, run_dir)` and, with `config.evaluate_start`,
+    evaluate each seed's starting policy with `evaluate_one(config, run_dir)` (both skip what is
+    finished, so an interrupted comparison continues where it stopped), then summarise.
 
-    With `config.workers > 1` the runs go to that many processes, each calling `train_one`, which
-    must then be picklable (a module-level function); make any shared warm start before calling.
+    With `config.workers > 1` the jobs go to that many processes, calling `train_one` and
+    `evaluate_one`, which must then be picklable (module-level functions); make any shared warm start
+    before calling.
     """
     out = Path(out)
-    pending = []
+    pending: list[tuple[Callable[[RunConfig, Path], None], RunConfig, Path]] = []
     for method in config.methods:
         for seed in config.seeds:
             run_dir = out / method / f"seed_{seed}"
@@ -68,15 +95,21 @@ def run_compare(
             run.rollout.method = method  # type: ignore[assignment]
             run.seed = seed
             if not _finished(run_dir, run.train.steps):
-                pending.append((run, run_dir))
+                pending.append((train_one, run, run_dir))
+    if config.evaluate_start:
+        for seed in config.seeds:
+            run = copy.deepcopy(config.run)
+            run.seed = seed
+            if not RunDir(out / START / f"seed_{seed}").metrics():
+                pending.append((evaluate_one, run, out / START / f"seed_{seed}"))
     if config.workers == 1:
-        for run, run_dir in pending:
-            train_one(run, run_dir)
+        for job, run, run_dir in pending:
+            job(run, run_dir)
     else:
         context = multiprocessing.get_context("spawn")  # no forked torch threads or open files
         with ProcessPoolExecutor(max_workers=config.workers, mp_context=context) as pool:
-            for future in [pool.submit(train_one, run, run_dir) for run, run_dir in pending]:
-                future.result()  # the first failed run raises here, naming its error
+            for future in [pool.submit(job, run, run_dir) for job, run, run_dir in pending]:
+                future.result()  # the first failed job raises here, naming its error
     summary = summarise(out, config)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "summary.md").write_text(summary_table(summary))
@@ -98,35 +131,73 @@ def summarise(out: Path, config: CompareConfig) -> dict[str, Any]:
     acc_key = config.accuracy
     methods: dict[str, dict[str, float]] = {}
     curves: dict[str, list[tuple[float, float, float]]] = {}
+    start_runs = {seed: _run_metrics(out / START / f"seed_{seed}") for seed in config.seeds}
+    start_by_seed = {seed: _last(r, acc_key) for seed, r in start_runs.items() if r}
+    start = _start_figures(list(start_runs.values()), acc_key)
     for method in config.methods:
-        runs = [_run_metrics(out / method / f"seed_{seed}") for seed in config.seeds]
-        runs = [r for r in runs if r]
-        if not runs:
+        by_seed = {seed: _run_metrics(out / method / f"seed_{seed}") for seed in config.seeds}
+        by_seed = {seed: r for seed, r in by_seed.items() if r}
+        if not by_seed:
             continue
-        final = np.array([next((m[acc_key] for m in reversed(r) if acc_key in m), np.nan) for r in runs])
-        eval_se = [next((m[f"{acc_key}_se"] for m in reversed(r) if f"{acc_key}_se" in m), np.nan) for r in runs]
+        runs = list(by_seed.values())
+        final = np.array([_last(r, acc_key) for r in runs])
+        eval_se = [_last(r, f"{acc_key}_se") for r in runs]
+        gains = np.array([_last(r, acc_key) - start_by_seed[seed] for seed, r in by_seed.items() if seed in start_by_seed])
         methods[method] = {
             "effective_ratio": _mean_over_steps(runs, "tree/effective_ratio"),
             "effective_per_candidate": _mean_over_steps(runs, "tree/effective_per_candidate"),
             "mixed_budget_share": _mean_over_steps(runs, "tree/mixed_budget_share"),
-            "final_accuracy": float(np.nanmean(final)),
+            "final_accuracy": _nanmean(final),
             "final_accuracy_std": float(np.nanstd(final)),
             "final_accuracy_ci95": _ci95(final),
-            "final_accuracy_eval_se": float(np.nanmean(eval_se)) if not np.all(np.isnan(eval_se)) else float("nan"),
+            "final_accuracy_eval_se": _nanmean(eval_se),
             "rollouts": float(np.mean([r[-1]["rollout/rollouts_total"] for r in runs])),
             "tokens": float(np.mean([r[-1]["rollout/tokens_total"] for r in runs])),
             "predictor_brier": _mean_over_steps(runs, "predictor/brier", after_step=5),
             "allocation_overhead_share": _mean_over_steps(runs, "timing_s/allocation_overhead_share"),
+            "accuracy_gain": _nanmean(gains),
+            "accuracy_gain_ci95": _ci95(gains),
             "steps": float(np.mean([r[-1]["step"] for r in runs])),
             "seeds": float(len(runs)),
         }
-        curves[method] = _mean_curve(runs, acc_key)
+        curve = _mean_curve(runs, acc_key)
+        curves[method] = ([(0.0, 0.0, start["final_accuracy"])] if start else []) + curve
     baseline = config.methods[0]
     if baseline in methods:
         target = methods[baseline]["final_accuracy"]
         for method, figures in methods.items():
             figures["rollouts_to_baseline_accuracy"], figures["tokens_to_baseline_accuracy"] = _first_reach(curves[method], target)
-    return {"methods": methods, "baseline": baseline, "accuracy_key": acc_key, "config": asdict(config)}
+    summary: dict[str, Any] = {"methods": methods, "baseline": baseline, "accuracy_key": acc_key, "config": asdict(config)}
+    if start:
+        summary[START] = start
+    return summary
+
+
+def _nanmean(values: Any) -> float:
+    """The mean of the values that are not NaN (NaN, without a warning, if none is)."""
+    values = np.asarray(values, dtype=float)
+    values = values[~np.isnan(values)]
+    return float(values.mean()) if values.size else float("nan")
+
+
+def _last(run: list[dict[str, Any]], key: str) -> float:
+    """The run's latest value of `key` (NaN if it never logged it)."""
+    return next((float(m[key]) for m in reversed(run) if key in m), float("nan"))
+
+
+def _start_figures(runs: list[list[dict[str, Any]]], acc_key: str) -> dict[str, float]:
+    """The starting policy's held-out accuracy over the seeds evaluated ({} if none was)."""
+    runs = [r for r in runs if r]
+    if not runs:
+        return {}
+    accuracy = np.array([_last(r, acc_key) for r in runs])
+    return {
+        "final_accuracy": _nanmean(accuracy),
+        "final_accuracy_ci95": _ci95(accuracy),
+        "final_accuracy_eval_se": _nanmean([_last(r, f"{acc_key}_se") for r in runs]),
+        "accuracy_greedy": _nanmean([_last(r, "val/accuracy_greedy") for r in runs]),
+        "seeds": float(len(runs)),
+    }
 
 
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
@@ -171,15 +242,24 @@ def summary_table(summary: dict[str, Any]) -> str:
     baseline = summary.get("baseline", "the baseline")
     header = (
         "| method | effective ratio | effective gradient ratio (budget share in mixed groups) | final accuracy (95% CI over seeds) "
-        f"| evaluation SE | rollouts | rollouts to {baseline}'s final accuracy | tokens to it | predictor Brier (after step 5) |"
+        f"| gain over the start | evaluation SE | rollouts | rollouts to {baseline}'s final accuracy | tokens to it | predictor Brier (after step 5) |"
     )
-    lines = [header, "|" + "---|" * 9]
+    lines = [header, "|" + "---|" * 10]
+    nan = float("nan")
+    start = summary.get(START)
+    if start:
+        lines.append(
+            f"| {START} (start, no RL) | — | — | {start['final_accuracy']:.3f} ± {_or_dash(start['final_accuracy_ci95'], '.3f')} "
+            f"| — | {_or_dash(start['final_accuracy_eval_se'], '.3f')} | 0 | — | — | — |"
+        )
     for method, f in summary["methods"].items():
-        reach, tokens = f.get("rollouts_to_baseline_accuracy", float("nan")), f.get("tokens_to_baseline_accuracy", float("nan"))
-        ci, se, brier = f.get("final_accuracy_ci95", float("nan")), f.get("final_accuracy_eval_se", float("nan")), f.get("predictor_brier", float("nan"))
+        reach, tokens = f.get("rollouts_to_baseline_accuracy", nan), f.get("tokens_to_baseline_accuracy", nan)
+        ci, se, brier = f.get("final_accuracy_ci95", nan), f.get("final_accuracy_eval_se", nan), f.get("predictor_brier", nan)
+        gain, gain_ci = f.get("accuracy_gain", nan), f.get("accuracy_gain_ci95", nan)
         lines.append(
             f"| {method} | {f['effective_ratio']:.3f} | {f['mixed_budget_share']:.3f} "
-            f"| {f['final_accuracy']:.3f} ± {_or_dash(ci, '.3f')} | {_or_dash(se, '.3f')} | {f['rollouts']:.0f} "
+            f"| {f['final_accuracy']:.3f} ± {_or_dash(ci, '.3f')} | {_or_dash(gain, '+.3f')} ± {_or_dash(gain_ci, '.3f')} "
+            f"| {_or_dash(se, '.3f')} | {f['rollouts']:.0f} "
             f"| {_or_dash(reach, '.0f')} | {_or_dash(tokens, '.0f')} | {_or_dash(brier, '.3f')} |"
         )
     return "\n".join(lines) + "\n"

@@ -90,35 +90,55 @@ def rollout_metrics(trees: Sequence[RolloutTree]) -> dict[str, float]:
     }
 
 
-def allocator_outcomes(trees: Sequence[RolloutTree]) -> tuple[np.ndarray, np.ndarray]:
-    """(estimate, outcome) pairs: for every rollout, the estimate `predicted` of the node it started
-    at (a root for a bare rollout, a prefix for a continuation) and its 0/1 outcome.
+def scored_estimates(trees: Sequence[RolloutTree], *, census: bool = False) -> list[tuple[int, int, float]]:
+    """(tree index, node id, outcome) triples: which estimate is judged against which 0/1 outcome.
 
-    Only these pairs are fair draws for judging the estimates the allocator acted on: the estimate
-    was made before the rollout started, while the bare rollout through an expanded prefix is why
-    that prefix was chosen. Rollouts from nodes without an estimate are left out.
+    - `census=False`, the allocator's bets: every rollout against the node it started at (a root for
+      a bare rollout, a prefix for a continuation). The estimate was made before the rollout started;
+      but Stage 2 starts continuations where it rates failed rollouts' prefixes highest, so these
+      pairs over-sample the prefixes the predictor is most optimistic about.
+    - `census=True`, the outcomes the predictor is about to learn from (its natural backup targets,
+      DESIGN.md): every node with an estimate against each rollout through it that started at it or
+      above (the bare rollout through a prefix included: the estimate never saw its outcome). No
+      choice of the allocator picks which estimates are judged.
+
+    Nodes without an estimate (`predicted` None) are left out.
     """
-    predicted, outcomes = [], []
-    for tree in trees:
+    scored = []
+    for index, tree in enumerate(trees):
         for leaf in tree.leaves():
-            start = tree.nodes[tree.nodes[int(leaf)].rollout_start]
-            if start.predicted is not None:
-                predicted.append(start.predicted)
-                outcomes.append(tree.nodes[int(leaf)].reward)
-    return np.array(predicted, dtype=np.float64), np.array(outcomes, dtype=np.float64)
+            node = tree.nodes[int(leaf)]
+            if census:
+                path = tree.path(int(leaf))
+                judged = path[path.index(node.rollout_start) : -1]
+            else:
+                judged = [node.rollout_start]
+            scored += [(index, n, float(node.reward)) for n in judged if tree.nodes[n].predicted is not None]
+    return scored
+
+
+def allocator_outcomes(trees: Sequence[RolloutTree], *, census: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(estimate, outcome) arrays of `scored_estimates`."""
+    scored = scored_estimates(trees, census=census)
+    predicted = [trees[index].nodes[node].predicted for index, node, _ in scored]
+    return np.array(predicted, dtype=np.float64), np.array([y for *_, y in scored], dtype=np.float64)
 
 
 def predictor_metrics(trees: Sequence[RolloutTree]) -> dict[str, float]:
     """`predictor/brier` and `predictor/ece` of the allocator's estimates against the outcomes of the
-    rollouts started where they were made (`allocator_outcomes`); {} when no rollout had an estimate.
+    rollouts started where they were made, and `predictor/brier_census` over every estimate against
+    the outcomes it is about to learn from (`scored_estimates`); {} when no rollout had an estimate.
 
     A constant 0.5 scores a Brier of 0.25: a predictor above that is worse than no predictor.
     """
     p, y = allocator_outcomes(trees)
     if not p.size:
         return {}
+    census_p, census_y = allocator_outcomes(trees, census=True)
     return {
         "predictor/brier": brier_score(p, y),
         "predictor/ece": expected_calibration_error(p, y),
         "predictor/rollouts_scored": float(p.size),
+        "predictor/brier_census": brier_score(census_p, census_y),
+        "predictor/census_pairs": float(census_p.size),
     }

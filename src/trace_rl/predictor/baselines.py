@@ -2,8 +2,8 @@
 shows at once: a constant at the running mean of every outcome so far, and each prompt's own history.
 
 Each step, before anything learns from the step's rollouts, `score` judges them all on the same
-pairs as `predictor/brier` (each rollout's outcome against an estimate at the node it started from,
-`trace_rl.metrics.allocator_outcomes`); then `update` feeds them the step's trees. A shared predictor
+pairs as `predictor/brier` and `predictor/brier_census` (`trace_rl.metrics.scored_estimates`); then
+`update` feeds them the step's trees. A shared predictor
 whose Brier is above `predictor/brier_constant` is worse than knowing only the overall success rate.
 """
 
@@ -27,23 +27,22 @@ class ReferencePredictors:
         self.rollouts = 0.0
 
     def score(self, trees: Sequence[RolloutTree]) -> dict[str, float]:
-        """`predictor/brier_constant` and `predictor/brier_history` on this step's rollouts; {} if none
-        was started at a node with an estimate (the pairs `predictor/brier` uses)."""
-        starts, outcomes = [], []
-        for tree in trees:
-            for leaf in tree.leaves():
-                start = tree.nodes[int(leaf)].rollout_start
-                if tree.nodes[start].predicted is not None:
-                    starts.append(tree.history(start))
-                    outcomes.append(tree.nodes[int(leaf)].reward)
-        if not outcomes:
-            return {}
-        y = np.array(outcomes, dtype=np.float64)
+        """`predictor/brier_constant` and `predictor/brier_history` on the pairs `predictor/brier` uses,
+        and `_census` on those of `predictor/brier_census` (`trace_rl.metrics.scored_estimates`); {}
+        if no rollout was started at a node with an estimate."""
+        from trace_rl.metrics import scored_estimates
+
+        figures = {}
         mean = self.successes / self.rollouts if self.rollouts else 0.5
-        return {
-            "predictor/brier_constant": brier_score(np.full(y.size, mean), y),
-            "predictor/brier_history": brier_score(self.history.predict(starts), y),
-        }
+        for census, suffix in ((False, ""), (True, "_census")):
+            scored = scored_estimates(trees, census=census)
+            if not scored:
+                return {}
+            y = np.array([outcome for *_, outcome in scored], dtype=np.float64)
+            histories = [trees[index].history(node) for index, node, _ in scored]
+            figures[f"predictor/brier_constant{suffix}"] = brier_score(np.full(y.size, mean), y)
+            figures[f"predictor/brier_history{suffix}"] = brier_score(self.history.predict(histories), y)
+        return figures
 
     def update(self, trees: Sequence[RolloutTree]) -> None:
         rewards = np.concatenate([t.leaf_rewards() for t in trees]) if trees else np.zeros(0)

@@ -100,6 +100,16 @@ PANELS: tuple[Panel, ...] = (
         ),
         "error",
     ),
+    Panel(
+        "calibration_census",
+        "Success predictor on every estimate it learns from (lower is better)",
+        (
+            ("predictor/brier_census", "Brier"),
+            ("predictor/brier_constant_census", "Brier, running-mean constant"),
+            ("predictor/brier_history_census", "Brier, per-prompt history"),
+        ),
+        "error",
+    ),
 )
 
 _LINESTYLES = ("-", "--", ":", "-.")
