@@ -49,7 +49,7 @@ def export(run_dir: Path, dest: Path, config_path: Path) -> dict:
     return summary
 
 
-def readme_section(results: Path) -> str:
+def readme_section(results: Path, repo: Path = REPO) -> str:
     """One subsection per exported comparison: its config's opening comment, its command, its table."""
     parts = [BEGIN, ""]
     for folder in sorted(p for p in results.iterdir() if (p / "summary.json").is_file()):
@@ -62,7 +62,7 @@ def readme_section(results: Path) -> str:
             "",
             about,
             "",
-            f"`{(folder / 'command.txt').read_text().strip()}` ({steps} steps; files: `{folder.relative_to(REPO).as_posix()}/`)",
+            f"`{(folder / 'command.txt').read_text().strip()}` ({steps} steps; files: `{folder.relative_to(repo).as_posix()}/`)",
             "",
             summary_table(summary),
         ]
@@ -70,13 +70,13 @@ def readme_section(results: Path) -> str:
     return "\n".join(parts)
 
 
-def write_readme(readme: Path, results: Path) -> None:
+def write_readme(readme: Path, results: Path, repo: Path = REPO) -> None:
     text = readme.read_text()
     if BEGIN not in text or END not in text:
         raise SystemExit(f"{readme} has no results markers: add the lines\n{BEGIN}\n{END}\nwhere the section goes")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    readme.write_text(head + readme_section(results) + tail)
+    readme.write_text(head + readme_section(results, repo) + tail)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,3 +76,46 @@ def test_without_a_start_evaluation_there_is_no_react_row(tmp_path):
     _run(tmp_path / "grpo" / "seed_0", [0.5])
     summary = summarise(tmp_path, CompareConfig(methods=["grpo"], seeds=[0]))
     assert "react" not in summary and math.isnan(summary["methods"]["grpo"]["accuracy_gain"])
+
+
+def _load_script(name):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_exported_results_hold_the_runs_and_reproduce_the_summary_and_the_readme_table(tmp_path):
+    import json
+
+    import yaml
+
+    from trace_rl.compare import write_start
+
+    results = _load_script("results")
+    runs, dest = tmp_path / "runs", tmp_path / "docs" / "results" / "toy"
+    config_path = tmp_path / "toy.yaml"
+    config_path.write_text("# A toy comparison.\n#   trace-rl compare --config toy.yaml --out runs\n" + yaml.safe_dump({"methods": ["grpo", "trace"], "seeds": [0, 1]}))
+    config = CompareConfig(methods=["grpo", "trace"], seeds=[0, 1])
+    for seed in (0, 1):
+        write_start(config.run, runs / "react" / f"seed_{seed}", {"val/accuracy_sampled": 0.3})
+        _run(runs / "grpo" / f"seed_{seed}", [0.35, 0.40 + seed / 100], ratio=0.3)
+        _run(runs / "trace" / f"seed_{seed}", [0.40, 0.45], ratio=0.6)
+        (runs / "trace" / f"seed_{seed}" / "checkpoints").mkdir()
+        (runs / "trace" / f"seed_{seed}" / "checkpoints" / "step_0002.pt").write_bytes(b"weights")
+    summary = results.export(runs, dest, config_path)
+    assert json.dumps(summary["methods"]) == json.dumps(summarise(runs, config)["methods"])  # the copies give the same numbers (NaN too)
+    assert json.loads((dest / "summary.json").read_text())["methods"]["trace"]["effective_ratio"] == pytest.approx(0.6)
+    assert (dest / "trace" / "seed_1" / "metrics.jsonl").is_file() and (dest / "react" / "seed_0" / "config.yaml").is_file()
+    assert not list(dest.rglob("*.pt")) and (dest / "plots" / "effective_ratio.png").is_file()
+    assert (dest / "command.txt").read_text().startswith("trace-rl compare --config")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{results.BEGIN}\nstale\n{results.END}\n\n## after\n")
+    results.write_readme(readme, tmp_path / "docs" / "results", repo=tmp_path)
+    text = readme.read_text()
+    assert "stale" not in text and "### toy" in text and "A toy comparison." in text and text.endswith("## after\n")
+    assert summary_table(summary) in text
