@@ -23,7 +23,7 @@ import numpy as np
 
 from trace_rl.methods import METHODS, MethodName
 from trace_rl.run import RunConfig
-from trace_rl.rundir import RunDir
+from trace_rl.rundir import START, RunDir
 
 
 @dataclass
@@ -52,10 +52,6 @@ class CompareConfig:
             raise ValueError(f"workers must be >= 1, got {self.workers!r}")
         if self.accuracy not in ("val/accuracy_greedy", "val/accuracy_sampled"):
             raise ValueError(f"accuracy must be val/accuracy_greedy or val/accuracy_sampled, got {self.accuracy!r}")
-
-
-START = "react"
-"""The folder (and table row) of the starting policy evaluated without RL."""
 
 
 def evaluate_starting_policy(run: RunConfig, run_dir: Path) -> None:

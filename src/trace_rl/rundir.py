@@ -7,6 +7,9 @@
       checkpoints/step_XXXX.pt the last two checkpoints; `checkpoints/latest` names the newest
       report.html, *.png       written by `trace-rl report`
 
+A comparison (`trace-rl compare`) is a folder of run folders, `DIR/<method>/seed_<k>/`, plus
+`DIR/react/seed_<k>/` (`START`): the starting policy's evaluation, one record at step 0.
+
 The trainer writes it, `compare`, `eval`, `report` and the CLI read it, all through `RunDir`.
 Writes that replace a file are atomic (a temporary file, fsynced, then renamed), so a run killed at
 any moment leaves either the old file or the new one.
@@ -24,6 +27,9 @@ from typing import Any
 from trace_rl.tree import RolloutTree, write_jsonl
 
 _STEP_FILE = re.compile(r"step_(\d+)\.jsonl$")
+
+START = "react"
+"""A comparison's folder (and table row) of its starting policy, evaluated without RL (the paper's ReAct row)."""
 
 
 class RunDir:

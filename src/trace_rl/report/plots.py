@@ -21,7 +21,7 @@ from typing import Any, Literal
 import numpy as np
 
 from trace_rl.methods import METHODS
-from trace_rl.rundir import read_metrics
+from trace_rl.rundir import START, read_metrics
 
 METHOD_ORDER = tuple(METHODS)
 """The registry's method names, in its order; they keep one colour each across every figure and table."""
@@ -251,7 +251,23 @@ def plot_runs(run_dirs_by_method: Mapping[str, Sequence[str | Path]], out_dir: s
     method's mean over seeds, with a shaded min–max band when it has two or more seeds.
     """
     runs = {method: [load_run(path, method) for path in paths] for method, paths in run_dirs_by_method.items()}
-    return plot_metrics(runs, out_dir)
+    return plot_metrics(_start_from_react(runs), out_dir)
+
+
+def _start_from_react(runs: dict[str, list[RunMetrics]]) -> dict[str, list[RunMetrics]]:
+    """A comparison's `react` folder (its starting policy, evaluated at step 0 with no rollouts spent:
+    `trace_rl.compare`) becomes the first point of every method's run of the same seed."""
+    starts = {run.path.name: run.rows.get(0) for run in runs.get(START, [])}
+    if not starts:
+        return runs
+    return {
+        method: [
+            RunMetrics(run.path, run.method, {0: starts[run.path.name], **run.rows}) if starts.get(run.path.name) and 0 not in run.rows else run
+            for run in method_runs
+        ]
+        for method, method_runs in runs.items()
+        if method != START
+    }
 
 
 def plot_metrics(runs: Mapping[str, Sequence[RunMetrics]], out_dir: str | Path) -> list[Path]:
