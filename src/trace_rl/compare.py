@@ -84,20 +84,20 @@ def run_compare(
     """
     out = Path(out)
     pending: list[tuple[Callable[[RunConfig, Path], None], RunConfig, Path]] = []
-    for method in config.methods:
-        for seed in config.seeds:
-            run_dir = out / method / f"seed_{seed}"
-            run = copy.deepcopy(config.run)
-            run.rollout.method = method  # type: ignore[assignment]
-            run.seed = seed
-            if not _finished(run_dir, run.train.steps):
-                pending.append((train_one, run, run_dir))
     if config.evaluate_start:
         for seed in config.seeds:
             run = copy.deepcopy(config.run)
             run.seed = seed
             if not RunDir(out / START / f"seed_{seed}").metrics():
                 pending.append((evaluate_one, run, out / START / f"seed_{seed}"))
+    for seed in config.seeds:  # seed by seed, so a comparison cut short compares the methods on the same seeds
+        for method in config.methods:
+            run_dir = out / method / f"seed_{seed}"
+            run = copy.deepcopy(config.run)
+            run.rollout.method = method  # type: ignore[assignment]
+            run.seed = seed
+            if not _finished(run_dir, run.train.steps):
+                pending.append((train_one, run, run_dir))
     if config.workers == 1:
         for job, run, run_dir in pending:
             job(run, run_dir)
