@@ -83,9 +83,9 @@ def test_estimator_options_are_set_from_the_config_and_checked_when_it_loads():
 
     config = load_config(RunConfig, None, ["train.advantage_options={scale_rewards: false, prefix_coef: 0.5}"])
     assert config.train.advantage_options == {"scale_rewards": False, "prefix_coef": 0.5}
-    with pytest.raises(ConfigError, match=r"train.advantage_options \{'bogus': 1\} do not fit estimator 'trace'"):
+    with pytest.raises(ConfigError, match=r"train.advantage_options must be options estimator 'trace' takes, got \{'bogus': 1\}"):
         load_config(RunConfig, None, ["train.advantage_options={bogus: 1}"])
-    with pytest.raises(ConfigError, match="do not fit estimator 'grpo'"):  # grpo's own estimator has no prefix_coef
+    with pytest.raises(ConfigError, match="options estimator 'grpo' takes"):  # grpo's own estimator has no prefix_coef
         load_config(RunConfig, None, ["rollout.method=grpo", "train.advantage_options={prefix_coef: 0.5}"])
     with pytest.raises(ConfigError, match="eps must be finite and >= 0"):
         load_config(RunConfig, None, ["train.advantage_options={eps: -1}"])
@@ -106,5 +106,5 @@ def test_a_demonstration_split_is_disjoint_from_rl_training_and_the_test_split()
     assert task_splits(config)[0].tasks == demos.tasks  # a seeded draw
     same = task_splits(load_config(RunConfig, None, ["task.train_tasks=40"]))
     assert same[0] is same[1] and len(same[1].tasks) == 40  # no demo split: the warm start demonstrates on RL's tasks
-    with pytest.raises(ConfigError, match="task: demo_tasks must be >= 1"):
+    with pytest.raises(ConfigError, match="task.demo_tasks must be >= 1"):
         load_config(RunConfig, None, ["task.demo_tasks=0"])

@@ -130,7 +130,7 @@ def update_trainer(model, run_dir, *, update: str, kl_coef: float = 0.0, max_con
 
     options = {"mini_batches": 1, "epochs": 1, "grad_clip": 1e9, "lr": 1e-3, "precision": "fp32", **train}
     config = TrainConfig(update=update, kl_coef=kl_coef, **options)
-    collector = SimpleNamespace(config=RolloutConfig(max_context_tokens=max_context_tokens, temperature=0.7))
+    collector = SimpleNamespace(config=RolloutConfig(max_context_tokens=max_context_tokens, max_new_tokens=8, temperature=0.7))
     setup = TrainingSetup(
         method=get_method("trace"), model=model, engine=_Engine(), collector=collector, predictor=None,
         train_tasks=[], test_tasks=[], prompts_per_step=1, seed=0,

@@ -176,9 +176,9 @@ def test_run_tool_turns_model_mistakes_into_error_observations(call, kind, messa
     assert result.timed_out == (kind == "timeout")
 
 
-def test_run_tool_lets_our_bugs_raise():
-    with pytest.raises(KeyError, match="our bug"):
-        run_tool(ECHO, ToolCall("echo", {"text": "bug"}))
+def test_run_tool_records_a_crash_and_refuses_the_answer_action():
+    crash = run_tool(ECHO, ToolCall("echo", {"text": "bug"}))
+    assert crash.error_kind == "crash" and crash.output == "error: echo: the tool crashed (KeyError: 'our bug')"
     with pytest.raises(ValueError, match="handled by the env"):
         run_tool(ECHO, ToolCall("answer", {"answer": "x"}))
 

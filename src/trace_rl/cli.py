@@ -2,16 +2,72 @@
 
 This is the only module that writes to the terminal: every other module returns data (or rendered
 text) and raises; commands here print it.
+
+SIGINT (Ctrl-C) and SIGTERM stop a command without a traceback, exiting 128 + the signal's number as
+shells do: 130 for SIGINT, 143 for SIGTERM. During `train`'s steps the first one stops at the next
+step boundary, which is checkpointed; a second one, or one before the steps begin (loading, the warm
+start), stops at once, leaving the last checkpoint. Either way the last line says how to resume.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
-from collections.abc import Sequence
+import tempfile
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
 
+from trace_rl.agent.sandbox import SandboxUnavailable
 from trace_rl.config import ConfigError
+
+if TYPE_CHECKING:
+    from trace_rl.train.trainer import StopRequest
+
+
+def _out_file(path: str) -> Path:
+    """`--out FILE`, checked before any work, so that a rollout is never made only to be lost."""
+    out = Path(path)
+    if out.is_dir():
+        raise ConfigError(f"--out {path} is a folder; give the path of the JSONL file to write")
+    _check_writable(out.parent, path)
+    return out
+
+
+def _out_folder(path: str) -> Path:
+    """`--out DIR` (created if missing), checked before any work: an existing folder or one that can be made."""
+    out = Path(path)
+    existing = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"--out {path}: {existing} is a file, not a folder")
+    _check_writable(existing, path)
+    return out
+
+
+def _check_writable(folder: Path, path: str) -> None:
+    if not folder.is_dir():
+        raise ConfigError(f"--out {path}: the folder {folder} does not exist")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"--out {path}: cannot write in {folder}: {exc.strerror or exc}") from exc
+
+
+def _positive_int(text: str) -> int:
+    """argparse type of counts such as --samples: a typo is refused before any work, not after the model loads."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -44,38 +100,58 @@ def _rollout(args: argparse.Namespace) -> int:
     from trace_rl.tree import write_jsonl
 
     config = load_config(RunConfig, args.config, args.overrides)
+    out = _out_file(args.out)
     parts = build_parts(config)
     rng = np.random.default_rng(config.seed)
     count = min(config.prompts_per_step, len(parts.train.tasks))
     tasks = [parts.train.tasks[int(i)] for i in rng.choice(len(parts.train.tasks), size=count, replace=False)]
     batch = parts.collector.collect(tasks)
-    write_jsonl(batch.trees, args.out)
+    write_jsonl(batch.trees, out)
     metrics = batch.metrics()
     print(json.dumps({"budget": config.rollout.budget, "leaves": int(metrics["rollout/leaves"]), "out": str(args.out), **metrics}))
     return 0
 
 
 def _train(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from trace_rl.config import load_config
     from trace_rl.progress import progress_bar
     from trace_rl.run import RunConfig, headline, train_run
     from trace_rl.rundir import RunDir
+    from trace_rl.train.trainer import StopRequest
 
     if args.resume:
         run_dir = Path(args.resume)
         config = load_config(RunConfig, run_dir / "config.yaml", args.overrides)
     elif args.config and args.out:
-        run_dir = Path(args.out)
         config = load_config(RunConfig, args.config, args.overrides)
+        run_dir = _out_folder(args.out)
     else:
         raise ConfigError("give --config FILE --out RUN_DIR, or --resume RUN_DIR")
-    with progress_bar() as bar:
-        trainer = train_run(config, run_dir, resume=bool(args.resume), bar=bar)
+    stop = StopRequest()
+    try:
+        with _signals(stop), progress_bar() as bar:
+            trainer = train_run(config, run_dir, resume=bool(args.resume), bar=bar, stop=stop)
+    except Stopped as exc:
+        print(f"trace-rl train: stopped by {exc} at once; {_resume_hint(run_dir)}", file=sys.stderr)
+        return 128 + exc.signum
+    if stop.signal is not None and trainer.step < config.train.steps:  # (one during the last step: the run is done)
+        name = signal.Signals(stop.signal).name
+        print(f"trace-rl train: stopped by {name} after step {trainer.step}; {_resume_hint(run_dir)}", file=sys.stderr)
+        return 128 + stop.signal
     final = RunDir(run_dir).last_metrics()
     print(json.dumps({"run_dir": str(run_dir), "steps": trainer.step, **headline(final)}))
     return 0
+
+
+def _resume_hint(run_dir: Path) -> str:
+    from trace_rl.rundir import RunDir
+
+    folder = RunDir(run_dir)
+    if not folder.config_path.is_file():
+        return f"nothing was written to {run_dir}"
+    steps = folder.checkpoint_files()
+    kept = f"the last checkpoint is step {max(steps)}" if steps else "no checkpoint was written yet"
+    return f"{kept}; continue with: trace-rl train --resume {run_dir}"
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -86,11 +162,13 @@ def _compare(args: argparse.Namespace) -> int:
 
     config = load_config(CompareConfig, args.config, args.overrides)
     check_trainable(config.run)
+    _out_folder(args.out)
     if config.workers > 1:
         with progress_bar() as bar:  # the shared warm start, made once before the runs fan out
             task = bar.task("warm start", total=config.run.sft.steps)
             policy_source(config.run, progress=lambda step, loss: bar.update(task, step + 1, {"loss": loss}))
-        print(f"training {len(config.methods) * len(config.seeds)} runs, {config.workers} at a time; "
+        starts = f" after {len(config.seeds)} evaluations of the starting policy" if config.evaluate_start else ""
+        print(f"training {len(config.methods) * len(config.seeds)} runs{starts}, {config.workers} at a time (finished ones are skipped); "
               f"each run's progress is in its metrics.jsonl", file=sys.stderr)
         summary = run_compare(config, args.out, _train_compare_run)
     else:
@@ -105,16 +183,15 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _train_compare_run(run, run_dir, bar=None) -> None:
-    """One comparison run; a run cut short earlier continues from its checkpoint."""
+    """One comparison run; a run cut short earlier continues from its checkpoint (or its step 0)."""
     from trace_rl.run import train_run
+    from trace_rl.rundir import RunDir
 
-    train_run(run, run_dir, resume=(run_dir / "checkpoints" / "latest").exists(), bar=bar)
+    train_run(run, run_dir, resume=RunDir(run_dir).config_path.is_file(), bar=bar)
     print(f"finished {run_dir}", file=sys.stderr, flush=True)
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from trace_rl.config import load_config
     from trace_rl.run import RunConfig, evaluate_policy
 
@@ -163,8 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="run a built-in benchmark")
     bench.add_argument("what", choices=["allocation"], help="allocation: the latent-tree simulator benchmark")
     bench.add_argument("--json", action="store_true", help="print only the JSON result")
-    bench.add_argument("--seeds", type=int, default=None, help="number of seeds (default: the benchmark's)")
-    bench.add_argument("--batches", type=int, default=None, help="batches per seed (default: the benchmark's)")
+    bench.add_argument("--seeds", type=_positive_int, default=None, help="number of seeds (default: the benchmark's)")
+    bench.add_argument("--batches", type=_positive_int, default=None, help="batches per seed (default: the benchmark's)")
     bench.set_defaults(func=_bench)
 
     methods = commands.add_parser("methods", help="list the methods `rollout.method` accepts, with their sources")
@@ -192,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("eval", help="held-out accuracy (greedy and sampled) of a run's latest checkpoint")
     evaluate.add_argument("run_dir", nargs="?", help="a run folder (its config.yaml and latest checkpoint)")
     evaluate.add_argument("--config", help="evaluate the starting (warm-started) policy of this config instead")
-    evaluate.add_argument("--samples", type=int, default=None, help="sampled rollouts per task (default: train.eval_samples)")
+    evaluate.add_argument("--samples", type=_positive_int, default=None, help="sampled rollouts per task (default: train.eval_samples)")
     evaluate.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. task.test_tasks=128")
     evaluate.set_defaults(func=_eval)
 
@@ -208,12 +285,70 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGINT or SIGTERM, stopping a command at once; its text is the signal's name."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def _signals(stop: StopRequest | None = None) -> Iterator[None]:
+    """SIGINT and SIGTERM for the block: while `stop` is listening (a training loop runs) the first one
+    asks it to stop at the next step boundary; otherwise, or the second time, `Stopped` is raised at once."""
+
+    def handle(signum: int, frame: object) -> None:
+        if stop is not None and stop.listening and stop.signal is None:
+            stop.signal = signum
+            name = signal.Signals(signum).name
+            # os.write, not print: a handler may run while the main thread is inside a print to stderr
+            os.write(2, f"\ntrace-rl: {name}: stopping after this step (it will be checkpointed); send it again to stop now\n".encode())
+            return
+        raise Stopped(signum)
+
+    previous = {number: signal.signal(number, handle) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+@contextmanager
+def _warnings_as_lines(command: str) -> Iterator[None]:
+    """Run-folder warnings (a checkpoint skipped, a config kept) as one `trace-rl CMD: warning:` line each."""
+    from trace_rl.rundir import RunDirWarning
+
+    show = warnings.showwarning
+
+    def one_line(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+        if issubclass(category, RunDirWarning):
+            print(f"trace-rl {command}: warning: {message}", file=sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = one_line
+    try:
+        yield
+    finally:
+        warnings.showwarning = show
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        with _signals(), _warnings_as_lines(args.command):
+            return int(args.func(args) or 0)
+    except Stopped as exc:
+        print(f"trace-rl {args.command}: stopped by {exc}", file=sys.stderr)
+        return 128 + exc.signum
     except (ConfigError, FileExistsError, FileNotFoundError) as exc:  # bad input: say what, no traceback
-        print(f"trace-rl {args.command}: {exc}", file=sys.stderr)
+        print(f"trace-rl {args.command}: {' '.join(str(exc).split())}", file=sys.stderr)  # one line, whatever the message
+        return 2
+    except SandboxUnavailable as exc:  # this machine cannot run model code: say which setting helps
+        where = "--sandbox-python PATH or --sandbox-isolation" if args.command == "tasks" else "task.sandbox.python=PATH or task.sandbox.isolation"
+        print(f"trace-rl {args.command}: {exc}. Choose the sandbox with {where} (README: The sandbox)", file=sys.stderr)
         return 2
 
 

@@ -15,15 +15,16 @@ import json
 import multiprocessing
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from trace_rl.config import MAX_SEED, FieldError, check_choice, check_range
 from trace_rl.methods import METHODS, MethodName
 from trace_rl.run import RunConfig
-from trace_rl.rundir import START, RunDir
+from trace_rl.rundir import START, RunDir, atomic_write
 
 
 @dataclass
@@ -44,14 +45,22 @@ class CompareConfig:
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in METHODS]
-        if unknown or not self.methods:
-            raise ValueError(f"methods must be a non-empty list of {', '.join(METHODS)}; unknown: {unknown}")
-        if not self.seeds:
-            raise ValueError("seeds must not be empty")
-        if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers!r}")
-        if self.accuracy not in ("val/accuracy_greedy", "val/accuracy_sampled"):
-            raise ValueError(f"accuracy must be val/accuracy_greedy or val/accuracy_sampled, got {self.accuracy!r}")
+        if unknown or not self.methods or len(set(self.methods)) < len(self.methods):
+            raise FieldError("methods", self.methods, f"a non-empty list of distinct methods from {', '.join(METHODS)}")
+        if not self.seeds or len(set(self.seeds)) < len(self.seeds):
+            raise FieldError("seeds", self.seeds, "a non-empty list of distinct seeds")
+        for index, seed in enumerate(self.seeds):
+            if not 0 <= seed <= MAX_SEED:
+                raise FieldError(f"seeds[{index}]", seed, f"in [0, {MAX_SEED}]")
+        check_range(self, "workers", ge=1)
+        check_choice(self, "accuracy", ("val/accuracy_greedy", "val/accuracy_sampled"))
+        for method in self.methods:  # each run's config is this one with its method: check them all now
+            try:
+                replace(self.run, rollout=replace(self.run.rollout, method=method))
+            except FieldError as exc:
+                raise FieldError(f"run.{exc.name}", exc.value, f"{exc.accepted} for method {method}", exc.hint) from exc
+            except ValueError as exc:
+                raise ValueError(f"run, for method {method}: {exc}") from exc
 
 
 def evaluate_starting_policy(run: RunConfig, run_dir: Path) -> None:
@@ -107,8 +116,8 @@ def run_compare(
             for future in [pool.submit(job, run, run_dir) for job, run, run_dir in pending]:
                 future.result()  # the first failed job raises here, naming its error
     summary = summarise(out, config)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    (out / "summary.md").write_text(summary_table(summary))
+    atomic_write(out / "summary.json", lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=1)))
+    atomic_write(out / "summary.md", lambda tmp: Path(tmp).write_text(summary_table(summary)))
     return summary
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,86 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A config file or override that does not fit the config's fields."""
+
+
+class FieldError(ConfigError):
+    """One field's value outside what it accepts, raised by a config's `__post_init__`.
+
+    `name` is relative to the dataclass that raised it; `from_dict` puts the section's dotted path in
+    front, so the message names the full key (`train.grad_clip must be > 0 ..., got -1.0`).
+    """
+
+    def __init__(self, name: str, value: Any, accepted: str, hint: str = "") -> None:
+        self.name, self.value, self.accepted, self.hint = name, value, accepted, hint
+        super().__init__(f"{name} must be {accepted}, got {_show(value)}{hint}")
+
+    def under(self, prefix: str) -> FieldError:
+        """The same error with `prefix` (a section's dotted path, ending in '.') before the name."""
+        return FieldError(prefix + self.name, self.value, self.accepted, self.hint)
+
+
+MAX_SEED = 2**32 - 1
+"""Largest seed: every RNG the run seeds (numpy, torch, Python's) accepts [0, 2**32)."""
+
+
+def check_range(
+    config: Any,
+    name: str,
+    *,
+    gt: float | None = None,
+    ge: float | None = None,
+    lt: float | None = None,
+    le: float | None = None,
+    nullable: bool = False,
+    why: str = "",
+) -> None:
+    """FieldError unless `config.<name>` is a number within the bounds (pydantic's gt / ge / lt / le).
+
+    NaN and ±inf are never within them, so a float field cannot slip through a comparison that NaN
+    makes false; None is accepted only when `nullable`. `why` says what the bound protects.
+    """
+    value = getattr(config, name)
+    if value is None and nullable:
+        return
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    finite = number and (isinstance(value, int) or math.isfinite(value))
+    if finite and (gt is None or value > gt) and (ge is None or value >= ge) and (lt is None or value < lt) and (le is None or value <= le):
+        return
+    opening, low = ("(", gt) if gt is not None else ("[", ge)
+    closing, high = (")", lt) if lt is not None else ("]", le)
+    if low is not None and high is not None:
+        bounds = f"in {opening}{low}, {high}{closing}"
+    elif low is not None:
+        bounds = f"{'>' if opening == '(' else '>='} {low}"
+    else:
+        bounds = f"{'<' if closing == ')' else '<='} {high}"
+    accepted = ("a finite number " if number and not finite else "") + bounds + (" or null" if nullable else "")
+    raise FieldError(name, value, accepted + (f" ({why})" if why else ""))
+
+
+def check_choice(config: Any, name: str, choices: Sequence[str], *, nullable: bool = False) -> None:
+    """FieldError unless `config.<name>` is one of `choices` (or None when `nullable`), with the nearest one."""
+    value = getattr(config, name)
+    if (value is None and nullable) or value in choices:
+        return
+    close = difflib.get_close_matches(str(value), list(choices), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise FieldError(name, value, "one of " + ", ".join(choices) + (" or null" if nullable else ""), hint)
+
+
+def is_http_url(text: str) -> bool:
+    """Whether `text` is an http(s) URL with a host: what the server and retrieval clients can reach."""
+    try:
+        parts = urllib.parse.urlsplit(text)
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def _show(value: Any) -> str:
+    """repr(value), cut to keep an error on one readable line (a 10**400 budget has 401 digits)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
 
 
 def from_dict(cls: type[T], data: dict[str, Any] | None, *, prefix: str = "") -> T:
@@ -40,6 +122,8 @@ def from_dict(cls: type[T], data: dict[str, Any] | None, *, prefix: str = "") ->
         kwargs[name] = _coerce(hints[name], value, prefix + name)
     try:
         return cls(**kwargs)
+    except FieldError as exc:
+        raise exc.under(prefix) from exc
     except ConfigError:
         raise
     except (TypeError, ValueError) as exc:  # __post_init__ validation
@@ -54,17 +138,34 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
     """Defaults of `cls`, then the YAML file at `path`, then each `a.b.c=value` override in order."""
     data: dict[str, Any] = {}
     if path is not None:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_config_text(path)
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+            raise ConfigError(f"{path}: not valid YAML: {_one_line(exc)}") from exc
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(loaded).__name__}")
         data = loaded or {}
     for item in overrides:
         apply_override(data, item)
     return from_dict(cls, data)
+
+
+def read_config_text(path: str | Path) -> str:
+    """The text of a config file; ConfigError (one line) for a folder, a missing or unreadable file, or bytes that are not UTF-8."""
+    file = Path(path)
+    if file.is_dir():
+        raise ConfigError(f"config {path} is a folder, not a YAML file")
+    try:
+        return file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config {path} is not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x})") from exc
+    except OSError as exc:
+        raise ConfigError(f"config {path} cannot be read: {exc.strerror or exc}") from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
 
 
 def apply_override(data: dict[str, Any], item: str) -> None:
@@ -81,7 +182,7 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     try:
         node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(f"override {item!r}: value is not valid YAML: {exc}") from exc
+        raise ConfigError(f"override {item!r}: value is not valid YAML: {_one_line(exc)}") from exc
 
 
 def dump_yaml(config: Any, path: str | Path) -> None:
@@ -139,10 +240,16 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{key} must be an integer, got {value!r}")
         return value
-    if hint is float:
+    if hint is float:  # every float field of every section: NaN and ±inf are never a setting
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key} must be a number, got {value!r}")
-        return float(value)
+            raise ConfigError(f"{key} must be a number, got {_show(value)}")
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond float range
+            number = math.inf
+        if not math.isfinite(number):
+            raise ConfigError(f"{key} must be a finite number, got {_show(value)}")
+        return number
     if hint is str:
         if not isinstance(value, str):
             raise ConfigError(f"{key} must be a string, got {value!r}")
@@ -161,7 +268,10 @@ class ModelConfig:
     """Which policy, where it runs, and how it generates."""
 
     name: str = "tiny"
-    """`tiny`, `smollm2-135m`, a local Hugging Face model folder, or a hub id (needs the network)."""
+    """`tiny`, `smollm2-135m`, a local Hugging Face model folder, or a hub id (with `download`)."""
+    download: bool = False
+    """Let transformers download a hub id `name` (needs the network). Off, a name that is neither a
+    preset nor a local model folder is refused when the config loads, instead of retrying a hub."""
     warm_start: bool = True
     """Fine-tune on scripted demonstrations first (cached by config hash); see `sft`."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -169,6 +279,12 @@ class ModelConfig:
     engine: Literal["hf", "openai"] = "hf"
     """`hf`: transformers in this process; `openai`: a vLLM / SGLang server at `server_urls`."""
     server_urls: list[str] = field(default_factory=list)
+    server_timeout_s: float = 600.0
+    """Deadline for one attempt at a server request, from connecting to the reply's last byte."""
+    server_retries: int = 2
+    """Retries of a request that failed in a way that may pass (connection lost, deadline, 429, 5xx)."""
+    server_retry_wait_s: float = 1.0
+    """Wait before the first retry; it doubles for each next one."""
     max_batch_size: int = 64
     """Sequences the `hf` engine decodes together."""
     prefix_cache_mb: float = 1024.0
@@ -180,8 +296,35 @@ class ModelConfig:
     larger models on an idle machine."""
 
     def __post_init__(self) -> None:
-        if not (self.prefix_cache_mb >= 0 and self.prefix_cache_mb < float("inf")):
-            raise ValueError(f"prefix_cache_mb must be a finite number >= 0, got {self.prefix_cache_mb!r}")
+        if self.name == "tiny" and not self.warm_start:
+            raise FieldError("warm_start", self.warm_start, "true with name=tiny (an untrained tiny model cannot use the tools)")
+        if self.engine == "openai" and not self.server_urls:
+            raise FieldError("engine", self.engine, "hf, or openai with server_urls naming its servers (e.g. ['http://127.0.0.1:8000'])")
+        for index, url in enumerate(self.server_urls):
+            if not isinstance(url, str) or not is_http_url(url):
+                raise FieldError(f"server_urls[{index}]", url, "an http:// or https:// URL with a host")
+        check_range(self, "server_timeout_s", gt=0, why="seconds")
+        check_range(self, "server_retries", ge=0, le=100)
+        check_range(self, "server_retry_wait_s", ge=0, le=3600, why="seconds")
+        check_range(self, "max_batch_size", ge=1)
+        check_range(self, "prefix_cache_mb", ge=0, why="0: no prefix cache")
+        check_range(self, "cpu_threads", ge=1)
+
+
+@dataclass
+class SandboxConfig:
+    """Where the `python` tool runs model-written code (`trace_rl.agent.sandbox`; README, "The sandbox")."""
+
+    isolation: Literal["auto", "bwrap", "rlimits"] = "auto"
+    """`bwrap`: namespaces via bubblewrap; `rlimits`: the weaker fallback (resource limits and, as root,
+    a uid of its own; no network or filesystem isolation); `auto`: bwrap when it works, else rlimits."""
+    python: str | None = None
+    """Interpreter the code runs with (None: this process's). As root without bubblewrap the fallback
+    needs one that every user can run, such as /usr/bin/python3."""
+
+    def __post_init__(self) -> None:
+        if self.python is not None and not self.python.startswith("/"):
+            raise FieldError("python", self.python, "an absolute path to an interpreter, or null")
 
 
 @dataclass
@@ -209,7 +352,15 @@ class TaskConfig:
     """A Search-R1 / verl retrieval server instead of the local BM25 index."""
     seed: int = 0
     """Seed of the generated task world (independent of the run seed)."""
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
     def __post_init__(self) -> None:
-        if self.demo_tasks is not None and self.demo_tasks < 1:
-            raise ValueError(f"demo_tasks must be >= 1 or null, got {self.demo_tasks!r}")
+        """Ranges only: whether `name` names a task set is checked by the run config, which can ask the loaders."""
+        for name in ("train_tasks", "demo_tasks", "test_tasks"):
+            check_range(self, name, ge=1, nullable=True)
+        check_range(self, "max_turns", ge=1)
+        check_range(self, "topk", ge=1)
+        check_range(self, "max_observation_chars", ge=1)
+        if self.search_url is not None and not is_http_url(self.search_url):
+            raise FieldError("search_url", self.search_url, "an http:// or https:// URL with a host, or null")
+        check_range(self, "seed", ge=0, le=MAX_SEED)

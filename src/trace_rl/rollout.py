@@ -28,12 +28,17 @@ import numpy as np
 
 from trace_rl.agent.env import Env, EnvSnapshot, StepResult
 from trace_rl.agent.types import Task
+from trace_rl.config import FieldError, check_range
 from trace_rl.engine.base import Completion, Engine, SamplingParams
 from trace_rl.methods import AllocationSettings, MethodName, MethodSpec, get_method
 from trace_rl.metrics import tree_metrics
 from trace_rl.plan import Request, plan_prefixes, plan_roots, prefix_candidates
 from trace_rl.predictor.base import KnowsPrompts, SuccessPredictor
 from trace_rl.tree import History, RolloutTree
+
+MAX_BUDGET = 65_536
+"""Most leaves one batch may hold: far above published RL batches (512 prompts x 16 rollouts is 8,192),
+so a larger budget is a typo; a budget of 10**9 ran out of memory after 92 s instead of being refused."""
 
 
 @dataclass
@@ -44,13 +49,16 @@ class RolloutConfig:
     """The method (`trace_rl.methods.METHODS`): grpo | prompt_only | knapsack | pcl | random_tree | dapo |
     trace_stage1 | trace_stage2 | trace."""
     budget: int = 64
-    """Leaves per batch (one rollout = one leaf; a continuation from a prefix counts as one)."""
+    """Leaves per batch (one rollout = one leaf; a continuation from a prefix counts as one), from
+    `min_per_prompt` to `MAX_BUDGET`."""
     stage1_share: float = 0.5
     """Share of the budget spent on bare rollouts when the method has a Stage 2."""
     min_per_prompt: int = 2
     """A prompt gets zero rollouts or at least this many (one rollout has nothing to contrast with)."""
     max_per_prompt: int | None = None
+    """Most rollouts the exact and Knapsack-RL Stage-1 allocators give one prompt (None: no cap)."""
     max_per_prefix: int | None = None
+    """Most continuations one prefix may get in Stage 2 (None: no cap)."""
     pcl_keep_share: float = 0.5
     """`pcl`: share of the candidate prompts it keeps (those predicted nearest p = 0.5)."""
     max_new_tokens: int = 64
@@ -66,16 +74,21 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         get_method(self.method)  # raises with the known names
-        if self.budget < 1:
-            raise ValueError(f"budget must be >= 1, got {self.budget}")
-        if not 0.0 < self.stage1_share <= 1.0:
-            raise ValueError(f"stage1_share must be in (0, 1], got {self.stage1_share}")
-        if self.min_per_prompt < 2:
-            raise ValueError(f"min_per_prompt must be >= 2 (one rollout has nothing to contrast), got {self.min_per_prompt}")
-        if not 0.0 < self.pcl_keep_share <= 1.0:
-            raise ValueError(f"pcl_keep_share must be in (0, 1], got {self.pcl_keep_share}")
-        if self.max_new_tokens < 1 or self.env_workers < 1:
-            raise ValueError("max_new_tokens and env_workers must be >= 1")
+        check_range(self, "min_per_prompt", ge=2, why="one rollout has nothing to contrast with")
+        check_range(self, "budget", ge=1, le=MAX_BUDGET)
+        if self.budget < self.min_per_prompt:
+            raise FieldError("budget", self.budget, f">= min_per_prompt={self.min_per_prompt} (a sampled prompt gets at least that many rollouts)")
+        check_range(self, "stage1_share", gt=0, le=1)
+        check_range(self, "max_per_prompt", ge=self.min_per_prompt, nullable=True, why="at least min_per_prompt; null: no cap")
+        check_range(self, "max_per_prefix", ge=1, nullable=True, why="null: no cap")
+        check_range(self, "pcl_keep_share", gt=0, le=1)
+        check_range(self, "max_new_tokens", ge=1)
+        check_range(self, "max_context_tokens", gt=self.max_new_tokens,
+                    why="room for a prompt and a full turn of max_new_tokens; the prompts are measured once the tokenizer is loaded")
+        check_range(self, "temperature", ge=0, why="0: greedy")
+        check_range(self, "top_p", gt=0, le=1)
+        check_range(self, "success_threshold", ge=0, lt=1, why="rewards lie in [0, 1] and a success is a reward above it")
+        check_range(self, "env_workers", ge=1)
 
     @property
     def spec(self) -> MethodSpec:

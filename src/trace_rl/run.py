@@ -8,8 +8,11 @@ loaded, before any of it is built.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+import difflib
+import re
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,16 +20,30 @@ import numpy as np
 
 from trace_rl.agent.env import ToolEnv
 from trace_rl.agent.scoring import score
-from trace_rl.agent.tasks import load_taskset
+from trace_rl.agent.tasks import TASKSETS, available_tasksets, load_taskset
 from trace_rl.agent.types import TaskSet
-from trace_rl.config import ConfigError, ModelConfig, TaskConfig
+from trace_rl.config import (
+    MAX_SEED,
+    ConfigError,
+    FieldError,
+    ModelConfig,
+    TaskConfig,
+    check_range,
+    load_config,
+)
 from trace_rl.engine.base import Engine
 from trace_rl.predictor import PredictorConfig, SuccessPredictor
 from trace_rl.predictor import build_predictor as make_predictor
-from trace_rl.rollout import RolloutConfig, TreeRolloutCollector
-from trace_rl.rundir import RunDir
+from trace_rl.rollout import RolloutConfig, TreeRolloutCollector, encode_prompt
+from trace_rl.rundir import RunDir, RunDirError, RunDirWarning
 from trace_rl.train.sft import SFTConfig, warm_start
-from trace_rl.train.trainer import TrainConfig, Trainer, TrainingSetup, held_out_accuracy
+from trace_rl.train.trainer import (
+    StopRequest,
+    TrainConfig,
+    Trainer,
+    TrainingSetup,
+    held_out_accuracy,
+)
 
 
 @dataclass
@@ -46,12 +63,107 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
-        if self.prompts_per_step < 1:
-            raise ValueError(f"prompts_per_step must be >= 1, got {self.prompts_per_step}")
+        """The checks that span sections or ask the machine; each section checked its own ranges."""
+        check_range(self, "seed", ge=0, le=MAX_SEED)
+        check_range(self, "prompts_per_step", ge=1)
+        check_stage1_cap(self)
         try:
-            self.train.estimator(self.rollout.spec)  # the estimator's options, checked before any work
-        except ValueError as exc:
-            raise ValueError(f"train.{exc}") from exc
+            self.train.estimator(self.rollout.spec)  # the options of the method's estimator, which depends on both sections
+        except FieldError as exc:
+            raise exc.under("train.") from exc
+        check_task_name(self.task.name)
+        check_model(self.model)
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+"""A Hugging Face hub id (`org/name` or `name`)."""
+
+
+def check_stage1_cap(config: RunConfig) -> None:
+    """FieldError when `rollout.max_per_prompt` leaves Stage 1's budget no exact split over
+    `prompts_per_step` prompts (each gets 0 or [min_per_prompt, max_per_prompt] rollouts)."""
+    rollout = config.rollout
+    if rollout.max_per_prompt is None:
+        return
+    budget, low = rollout.stage1_budget, rollout.min_per_prompt
+    most_prompts = min(config.prompts_per_step, budget // low)
+    need = -(-budget // most_prompts)  # the smallest cap that holds the budget on that many prompts
+    if rollout.max_per_prompt < need:
+        raise FieldError(
+            "rollout.max_per_prompt", rollout.max_per_prompt,
+            f">= {need} or null ({budget} Stage-1 rollouts over at most {most_prompts} prompts of prompts_per_step={config.prompts_per_step})",
+        )
+
+
+def check_task_name(name: str) -> None:
+    """FieldError unless `task.name` is a task set `load_taskset` can load here, without loading it."""
+    if name in TASKSETS:
+        return
+    if name.startswith("rg:"):
+        from trace_rl.agent.tasks.reasoning_gym import dataset_names
+
+        try:
+            names = dataset_names()
+        except ImportError as exc:
+            raise FieldError("task.name", name, "a bundled task set: rg:<dataset> needs reasoning-gym (pip install 'trace-rl[data]')") from exc
+        if name[3:] not in names:
+            close = difflib.get_close_matches(name[3:], names, n=1)
+            raise FieldError("task.name", name, "rg:<a reasoning-gym dataset>", f"; did you mean 'rg:{close[0]}'?" if close else "")
+        return
+    if name.startswith("file:"):
+        if not Path(name[5:]).is_file():
+            raise FieldError("task.name", name, "file:<the path of an existing task file>")
+        return
+    close = difflib.get_close_matches(name, list(TASKSETS), n=1)
+    raise FieldError("task.name", name, "one of " + ", ".join(available_tasksets()), f"; did you mean {close[0]!r}?" if close else "")
+
+
+def check_model(model: ModelConfig) -> None:
+    """FieldError unless `model.name` loads without a download (a preset whose files are installed, or a
+    local model folder; a hub id only with `model.download`) and `model.device` exists on this machine."""
+    import torch
+
+    from trace_rl.models import PRESETS, find_smollm2_gguf
+
+    name = model.name
+    accepted = f"a preset ({', '.join(PRESETS)}), a local Hugging Face model folder, or a hub id with model.download=true"
+    if name == "smollm2-135m":
+        try:
+            find_smollm2_gguf()
+        except FileNotFoundError as exc:
+            raise FieldError("model.name", name, f"a preset whose files are installed ({exc})") from exc
+    elif Path(name).expanduser().is_dir():
+        if not (Path(name).expanduser() / "config.json").is_file():
+            raise FieldError("model.name", name, "a Hugging Face model folder (one with config.json)")
+    elif name not in PRESETS and not (model.download and HUB_ID.fullmatch(name)):
+        close = difflib.get_close_matches(name, PRESETS, n=1)
+        raise FieldError("model.name", name, accepted, f"; did you mean {close[0]!r}?" if close else "")
+    try:
+        device = torch.device(model.device)
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda", "mps"):
+        raise FieldError("model.device", model.device, "cpu, cuda, cuda:<index> or mps")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise FieldError("model.device", model.device, f"a device of this machine, which has {torch.cuda.device_count()} CUDA devices")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise FieldError("model.device", model.device, "a device of this machine, which has no MPS backend")
+
+
+def check_context_room(config: RunConfig, tokenizer: Any, env: ToolEnv, tasksets: Sequence[TaskSet]) -> None:
+    """FieldError unless `rollout.max_context_tokens` holds the longest prompt (of the tasks with the
+    longest questions) and two full turns (one when `task.max_turns` is 1): with less room a rollout
+    ends, unrewarded, after its first turn. Needs the tokenizer, so it runs once the policy is loaded."""
+    rollout = config.rollout
+    turns = min(2, config.task.max_turns)
+    longest_questions = sorted((t for s in tasksets for t in s.tasks), key=lambda t: len(t.question))[-8:]
+    longest = max((len(encode_prompt(tokenizer, env, t)) for t in longest_questions), default=0)
+    need = longest + turns * rollout.max_new_tokens
+    if rollout.max_context_tokens < need:
+        raise FieldError(
+            "rollout.max_context_tokens", rollout.max_context_tokens,
+            f">= {need} (the longest prompt has {longest} tokens, plus {turns} turns of max_new_tokens={rollout.max_new_tokens})",
+        )
 
 
 @dataclass
@@ -75,6 +187,7 @@ def build_env(config: RunConfig, taskset: TaskSet) -> ToolEnv:
         max_observation_chars=task.max_observation_chars,
         search_url=task.search_url,
         topk=task.topk,
+        sandbox=task.sandbox,
     )
 
 
@@ -116,26 +229,49 @@ def build_parts(config: RunConfig, *, progress: Callable[[int, float], None] | N
     """Load the task splits, build the env, load (and warm-start) the policy, and wire the collector."""
     import torch
 
-    from trace_rl.engine.hf import HFEngine
-    from trace_rl.engine.openai_server import OpenAIEngine
     from trace_rl.models import load_policy
 
     torch.set_num_threads(config.model.cpu_threads)
     demos, train = task_splits(config)
-    test = load_taskset(config.task.name, split="test", num_tasks=config.task.test_tasks, seed=config.task.seed)
+    test = load_tasks(config.task, "test", config.task.test_tasks)
     env = build_env(config, train)
     model = config.model
     name = policy_source(config, demos, env, progress=progress)
     policy = load_policy(name, seed=config.seed, dtype=model.dtype, device=model.device)
-    if model.engine == "openai":
-        if not model.server_urls:
-            raise ValueError("model.engine=openai needs model.server_urls (e.g. ['http://127.0.0.1:8000'])")
-        engine = OpenAIEngine(model.server_urls)
-    else:
-        engine = HFEngine.from_policy(policy, max_batch_size=model.max_batch_size, prefix_cache_mb=model.prefix_cache_mb)
+    check_context_room(config, policy.tokenizer, env, (train, test))
+    engine = build_engine(model, policy)
     predictor = build_predictor(config)
     collector = TreeRolloutCollector(engine, policy.tokenizer, env, predictor, config.rollout, seed=config.seed)
     return Parts(train=train, test=test, env=env, policy=policy, engine=engine, predictor=predictor, collector=collector)
+
+
+def build_engine(model: ModelConfig, policy: Any) -> Engine:
+    """The engine `model.engine` names, sampling from `policy` (in process, or the server's copy of it)."""
+    if model.engine == "openai":
+        from trace_rl.engine.openai_server import OpenAIEngine
+
+        if not model.server_urls:
+            raise ValueError("model.engine=openai needs model.server_urls (e.g. ['http://127.0.0.1:8000'])")
+        return OpenAIEngine(
+            model.server_urls,
+            timeout_s=model.server_timeout_s,
+            retries=model.server_retries,
+            retry_wait_s=model.server_retry_wait_s,
+            tokenizer=policy.tokenizer,
+            vocab_size=int(policy.model.get_output_embeddings().weight.shape[0]),
+        )
+    from trace_rl.engine.hf import HFEngine
+
+    return HFEngine.from_policy(policy, max_batch_size=model.max_batch_size, prefix_cache_mb=model.prefix_cache_mb)
+
+
+def load_tasks(task: TaskConfig, split: str, num_tasks: int | None) -> TaskSet:
+    """`load_taskset` for the run's task set. A loader's refusal (a missing package, fewer tasks than
+    asked for, a malformed task file) is about the config, so it becomes a ConfigError naming task.name."""
+    try:
+        return load_taskset(task.name, split=split, num_tasks=num_tasks, seed=task.seed)
+    except (ImportError, OSError, ValueError) as exc:
+        raise ConfigError(f"task.name={task.name!r} ({split} split): {exc}") from exc
 
 
 def task_splits(config: RunConfig) -> tuple[TaskSet, TaskSet]:
@@ -144,9 +280,9 @@ def task_splits(config: RunConfig) -> tuple[TaskSet, TaskSet]:
     it, both are the RL train split. The test split is disjoint from both."""
     task = config.task
     if task.demo_tasks is None:
-        train = load_taskset(task.name, split="train", num_tasks=task.train_tasks, seed=task.seed)
+        train = load_tasks(task, "train", task.train_tasks)
         return train, train
-    full = load_taskset(task.name, split="train", seed=task.seed)
+    full = load_tasks(task, "train", None)
     if task.demo_tasks >= len(full.tasks):
         raise ConfigError(f"task.demo_tasks={task.demo_tasks} leaves no RL task: the train split has {len(full.tasks)}")
     order = np.random.default_rng([task.seed, 7]).permutation(len(full.tasks))
@@ -165,9 +301,7 @@ def policy_source(
 ) -> str:
     """What `load_policy` loads for this run: the warm-started folder (made now, from demonstrations on
     `demos`, if not cached) or `model.name`."""
-    if not config.model.warm_start:
-        if config.model.name == "tiny":
-            raise ValueError("model.name=tiny needs model.warm_start=true: an untrained tiny model cannot use the tools")
+    if not config.model.warm_start:  # ModelConfig refuses an untrained tiny model
         return config.model.name
     if demos is None:
         demos = task_splits(config)[0]
@@ -175,11 +309,12 @@ def policy_source(
 
 
 def evaluate_policy(config: RunConfig, run_dir: str | Path | None = None, *, samples: int | None = None) -> dict[str, Any]:
-    """Held-out accuracy of a run's latest checkpoint (or, without `run_dir`, of its starting policy)."""
+    """Held-out accuracy of a run's newest readable checkpoint (or, without `run_dir`, of its starting
+    policy). The checkpoint is read first, so a refused or missing one stops before any model is built."""
+    state = RunDir(run_dir).load_checkpoint() if run_dir is not None else None
     parts = build_parts(config)
     step = 0
-    if run_dir is not None:
-        state = RunDir(run_dir).load_checkpoint()
+    if state is not None:
         parts.policy.model.load_state_dict(state["model"])
         step = int(state["step"])
     samples = config.train.eval_samples if samples is None else samples
@@ -187,15 +322,68 @@ def evaluate_policy(config: RunConfig, run_dir: str | Path | None = None, *, sam
     return {"step": step, "tasks": len(parts.test.tasks), "samples": samples, **figures}
 
 
-def train_run(config: RunConfig, run_dir: str | Path, *, resume: bool = False, bar: Any = None) -> Trainer:
-    """Train `config` in `run_dir` (continuing from its last checkpoint when `resume`).
+RESUMABLE_CHANGES = frozenset(
+    {
+        *(f"train.{k}" for k in ("steps", "eval_every", "eval_samples", "checkpoint_every", "save_trees", "tensorboard", "wandb_project")),
+        *(f"model.{k}" for k in ("cpu_threads", "max_batch_size", "prefix_cache_mb", "device", "server_urls", "server_timeout_s", "server_retries", "server_retry_wait_s")),
+    }
+)
+"""Config keys a resume may change: how long the run goes, how it is evaluated, recorded and executed.
+Any other key (the method, seed, model, task, budget, a hyperparameter) defines what the run is; the
+steps before and after such a change would be two runs under one name, so a resume refuses it."""
 
-    `bar` is a `trace_rl.progress.Bars` for live progress, or None.
+
+def config_changes(old: RunConfig, new: RunConfig) -> dict[str, tuple[Any, Any]]:
+    """{dotted key: (old value, new value)} for every field that differs."""
+    before, after = dict(_fields(old)), dict(_fields(new))
+    return {k: (before.get(k), after.get(k)) for k in sorted(before.keys() | after.keys()) if before.get(k) != after.get(k)}
+
+
+def _fields(config: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every leaf field of a config dataclass."""
+    for item in fields(config):
+        value = getattr(config, item.name)
+        if is_dataclass(value):
+            yield from _fields(value, f"{prefix}{item.name}.")
+        else:
+            yield f"{prefix}{item.name}", value
+
+
+def train_run(
+    config: RunConfig,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    bar: Any = None,
+    stop: StopRequest | None = None,
+) -> Trainer:
+    """Train `config` in `run_dir`: a new run, or with `resume` the run there, continued from its newest
+    readable checkpoint (from step 0 if it has none yet, with a warning).
+
+    A new run refuses a folder that holds any step's record (its metrics would mix with the new run's);
+    resuming rewinds the folder to the checkpoint's step. A resume may change only `RESUMABLE_CHANGES`
+    and refuses anything else, naming it, before any work. When it does change something, the config it
+    replaces is kept as `config.step_XXXX.yaml` (the config of the steps up to XXXX), and a
+    `RunDirWarning` says so: `config.yaml` alone never loses the record of the earlier steps.
+
+    `bar` is a `trace_rl.progress.Bars` for live progress, or None; `stop` stops the run at a step
+    boundary (`StopRequest`).
     """
     check_trainable(config)
     folder = RunDir(run_dir)
-    if not resume and (folder.checkpoints_dir / "latest").exists():
-        raise FileExistsError(f"{folder.path} already holds a run; resume it or choose another folder")
+    state = None
+    if resume:
+        if not folder.config_path.is_file():
+            raise FileNotFoundError(f"{folder.path} has no config.yaml: there is no run to resume there")
+        state = folder.load_checkpoint() if folder.has_checkpoint() else None  # before any work: a refused one stops here
+        step = int(state["step"]) if state is not None else 0
+        _check_resume(folder, load_config(RunConfig, folder.config_path), config, step)
+        if state is None and folder.has_records():
+            warnings.warn(f"{folder.path} has no checkpoint yet: starting again from step 0 (its logged steps are made again)", RunDirWarning, stacklevel=2)
+    elif folder.has_records():
+        checkpoints = folder.checkpoint_files()
+        held = f"a checkpoint at step {max(checkpoints)}" if checkpoints else f"{folder.finished_steps()} logged steps, no checkpoint"
+        raise FileExistsError(f"{folder.path} already holds a run ({held}); continue it with train --resume {folder.path}, or choose another folder")
     folder.write_config(config)
     sft_bar: list = []  # the warm-start bar appears only when a warm start is actually trained
 
@@ -208,16 +396,35 @@ def train_run(config: RunConfig, run_dir: str | Path, *, resume: bool = False, b
 
     parts = build_parts(config, progress=on_sft_step)
     trainer = build_trainer(config, parts, folder)
-    if resume:
-        trainer.load_checkpoint()
+    if state is not None:
+        trainer.restore(state)
+    else:
+        folder.rewind(0)
     steps_bar = bar.task(f"{folder.path.name} {config.rollout.method}", total=config.train.steps, completed=trainer.step) if bar else None
 
     def on_step(step: int, metrics: dict[str, float]) -> None:
         if bar is not None:
             bar.update(steps_bar, step, headline(metrics))
 
-    trainer.run(on_step=on_step)
+    trainer.run(on_step=on_step, stop=stop)
     return trainer
+
+
+def _check_resume(folder: RunDir, saved: RunConfig, config: RunConfig, step: int) -> None:
+    """Refuse a resume that changes what the run is; archive the config one that changes less replaces."""
+    changes = config_changes(saved, config)
+    refused = {k: v for k, v in changes.items() if k not in RESUMABLE_CHANGES}
+    if refused:
+        said = ", ".join(f"{k}={new!r} (it was trained with {old!r})" for k, (old, new) in refused.items())
+        raise RunDirError(
+            f"resuming {folder.path} cannot change {said}: the steps before and after would be two different runs. "
+            f"A resume may change only {', '.join(sorted(RESUMABLE_CHANGES))}; to train with the new values, start a "
+            f"new run folder from {folder.config_path}"
+        )
+    if changes:
+        archive = folder.archive_config(step)
+        said = ", ".join(f"{k}={new!r} (was {old!r})" for k, (old, new) in changes.items())
+        warnings.warn(f"{folder.path}: resuming at step {step} with {said}; the config of steps 1-{step} is kept as {archive.name}", RunDirWarning, stacklevel=3)
 
 
 def headline(metrics: dict[str, Any]) -> dict[str, float]:

@@ -1,7 +1,8 @@
 """The run folder: the one place that knows its layout.
 
     RUN_DIR/
-      config.yaml              the full config the run was started with
+      config.yaml              the full config the run trains with
+      config.step_XXXX.yaml    the config before a resume at step XXXX changed it (see `archive_config`)
       metrics.jsonl            one JSON object per step (`step` first), appended as the run goes
       trees/step_XXXX.jsonl    every tree a step sampled (`trace_rl.tree.write_jsonl`)
       checkpoints/step_XXXX.pt the last two checkpoints; `checkpoints/latest` names the newest
@@ -11,8 +12,22 @@ A comparison (`trace-rl compare`) is a folder of run folders, `DIR/<method>/seed
 `DIR/react/seed_<k>/` (`START`): the starting policy's evaluation, one record at step 0.
 
 The trainer writes it, `compare`, `eval`, `report` and the CLI read it, all through `RunDir`.
-Writes that replace a file are atomic (a temporary file, fsynced, then renamed), so a run killed at
-any moment leaves either the old file or the new one.
+Writes that replace a file are atomic (a temporary file, fsynced, renamed, then the folder fsynced),
+so a run killed at any moment, or a machine that loses power, leaves either the old file or the new
+one. Resuming from a checkpoint at step k rewinds the folder to k (`rewind`): the metrics and trees of
+later steps are dropped, since the resumed run makes them again, so `metrics.jsonl` holds each step
+once. A checkpoint that is empty or cut short (a full disk, an interrupted copy) is skipped with a
+warning naming it and the one used instead; that is why the trainer keeps the previous one.
+
+A run folder from someone else. Checkpoints are data, not code: they are read with
+`torch.load(weights_only=True)`, which rebuilds tensors, numbers, strings, lists and dicts and
+refuses anything else (a pickled function or class), so loading one runs nothing; `checkpoints/latest`
+must name a `step_XXXX.pt` file inside the folder, never a path elsewhere. `metrics.jsonl` and the
+trees are JSON; `config.yaml` is YAML read with `safe_load` into typed, checked fields. What such a
+folder can still make `eval` or `train --resume` do is what its config asks for, as a command line
+would: load the model `model.name` names (a hub name or a local path; transformers loads it without
+remote code), send prompts to `model.server_urls` and queries to `task.search_url`, log to
+`train.wandb_project`, and spend the compute its budget and steps ask for. Read its config.yaml first.
 """
 
 from __future__ import annotations
@@ -20,16 +35,32 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
+import zipfile
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from trace_rl.config import ConfigError
 from trace_rl.tree import RolloutTree, write_jsonl
 
 _STEP_FILE = re.compile(r"step_(\d+)\.jsonl$")
+_CHECKPOINT = re.compile(r"step_(\d+)\.pt")
 
 START = "react"
 """A comparison's folder (and table row) of its starting policy, evaluated without RL (the paper's ReAct row)."""
+
+
+class RunDirError(ConfigError):
+    """A run folder that cannot be used as asked (a checkpoint refused or missing, a pointer leaving the
+    folder, a resume that would change the run): bad input, so the CLI says it in one line, exit 2."""
+
+
+class RunDirWarning(UserWarning):
+    """Something the folder made us do differently that the user should know (the CLI prints it)."""
 
 
 class RunDir:
@@ -57,6 +88,19 @@ class RunDir:
     def checkpoints_dir(self) -> Path:
         return self.path / "checkpoints"
 
+    def has_records(self) -> bool:
+        """Whether the folder holds a step's record (a metrics line, a tree file or a checkpoint), which
+        a new run written into it would destroy or mix with its own."""
+        return bool(self.metrics() or self.tree_files() or self.checkpoint_files())
+
+    def rewind(self, step: int) -> None:
+        """Drop the records of steps after `step` (metrics lines, a line the kill cut short, tree files):
+        a run resumed at `step` makes them again."""
+        self.truncate_metrics(step)
+        for later, path in self.tree_files().items():
+            if later > step:
+                path.unlink()
+
     # ------------------------------------------------------------ config
 
     def write_config(self, config: Any) -> None:
@@ -64,6 +108,16 @@ class RunDir:
 
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write(self.config_path, lambda tmp: dump_yaml(config, tmp))
+
+    def archive_config(self, step: int) -> Path:
+        """Keep `config.yaml` as `config.step_XXXX.yaml`, the config of the steps up to `step`, before a
+        resume there replaces it. An archive already at `step` is kept: it holds the config those steps
+        were trained with (a later attempt that made no checkpoint trained none of them)."""
+        archive = self.path / f"config.step_{step:04d}.yaml"
+        if not archive.exists():
+            text = self.config_path.read_bytes()
+            atomic_write(archive, lambda tmp: Path(tmp).write_bytes(text))
+        return archive
 
     # ------------------------------------------------------------ metrics
 
@@ -107,7 +161,7 @@ class RunDir:
 
     def write_trees(self, trees: Iterable[RolloutTree], step: int) -> None:
         self.trees_dir.mkdir(parents=True, exist_ok=True)
-        write_jsonl(trees, self.trees_path(step))
+        atomic_write(self.trees_path(step), lambda tmp: write_jsonl(trees, tmp))
 
     def tree_files(self) -> dict[int, Path]:
         """`trees/step_XXXX.jsonl` files by step, ascending."""
@@ -124,29 +178,149 @@ class RunDir:
     def checkpoint_path(self, step: int) -> Path:
         return self.checkpoints_dir / f"step_{step:04d}.pt"
 
+    def checkpoint_files(self) -> dict[int, Path]:
+        """`checkpoints/step_XXXX.pt` files by step, ascending (by number: step 10000 after 9999)."""
+        files = {}
+        if self.checkpoints_dir.is_dir():
+            for path in self.checkpoints_dir.iterdir():
+                match = _CHECKPOINT.fullmatch(path.name)
+                if match:
+                    files[int(match.group(1))] = path
+        return dict(sorted(files.items()))
+
+    def has_checkpoint(self) -> bool:
+        return (self.checkpoints_dir / "latest").exists() or bool(self.checkpoint_files())
+
     def save_checkpoint(self, state: dict[str, Any], step: int, *, keep: int = 2) -> Path:
-        """Write `checkpoints/step_XXXX.pt` atomically, point `latest` at it, keep the last `keep`."""
+        """Write `checkpoints/step_XXXX.pt` atomically, point `latest` at it, keep the last `keep`.
+
+        `state` must be data (`checkpoint_data`): numpy arrays are stored as tensors and come back as
+        tensors (`np.asarray` reads them); anything a weights-only load would refuse raises TypeError
+        here, naming its key, rather than at the resume that needs it.
+        """
         import torch
 
+        data = checkpoint_data(state)
         self.checkpoints_dir.mkdir(parents=True, exist_ok=True)
         path = self.checkpoint_path(step)
-        atomic_write(path, lambda tmp: torch.save(state, tmp))
+        atomic_write(path, lambda tmp: torch.save(data, tmp))
         atomic_write(self.checkpoints_dir / "latest", lambda tmp: Path(tmp).write_text(path.name))
-        for old in sorted(self.checkpoints_dir.glob("step_*.pt"))[:-keep]:
+        for old in list(self.checkpoint_files().values())[:-keep]:
             old.unlink()
         return path
 
     def latest_checkpoint(self) -> Path:
-        """The checkpoint file `checkpoints/latest` names; FileNotFoundError, naming it, if there is none."""
+        """The checkpoint file `checkpoints/latest` names; FileNotFoundError, naming it, if there is none.
+
+        RunDirError if it names anything but a `step_XXXX.pt` file inside the folder (an absolute path,
+        `..`, a link out): a folder from someone else must not make us read elsewhere.
+        """
         pointer = self.checkpoints_dir / "latest"
         if not pointer.exists():
             raise FileNotFoundError(f"{self.path} has no checkpoint ({pointer} is missing)")
-        return self.checkpoints_dir / pointer.read_text().strip()
+        name = pointer.read_text(encoding="utf-8", errors="replace").strip()
+        if not _CHECKPOINT.fullmatch(name):
+            raise RunDirError(f"{pointer} names {name!r}; it must name a step_XXXX.pt file in {self.checkpoints_dir}, so it is refused")
+        return self._inside(self.checkpoints_dir / name)
 
     def load_checkpoint(self) -> dict[str, Any]:
-        import torch
+        """The newest readable checkpoint, loaded as data (`torch.load(weights_only=True)`).
 
-        return torch.load(self.latest_checkpoint(), weights_only=False)
+        The one `latest` names, else the newest other `step_XXXX.pt` that reads, with a `RunDirWarning`
+        naming both: a file that is missing, empty or cut short is skipped. A complete file that is not
+        data (a pickled function: crafted, or written before checkpoints held only tensors and plain
+        values) raises RunDirError and is never skipped past, so its payload does not run and nothing is
+        silently lost. FileNotFoundError if the folder has no checkpoint at all.
+        """
+        candidates = [self.latest_checkpoint()] if (self.checkpoints_dir / "latest").exists() else []
+        candidates += [self._inside(p) for p in reversed(self.checkpoint_files().values()) if p not in candidates]
+        if not candidates:
+            raise FileNotFoundError(f"{self.path} has no checkpoint (no {self.checkpoints_dir / 'step_XXXX.pt'})")
+        skipped = []
+        for path in candidates:
+            try:
+                state = _read_checkpoint(path)
+            except _Unreadable as exc:
+                skipped.append(f"{path.name} ({exc})")
+                continue
+            if skipped:
+                warnings.warn(f"{self.checkpoints_dir}: checkpoint {', '.join(skipped)} cannot be read; using {path.name}, the newest that can", RunDirWarning, stacklevel=2)
+            return state
+        raise RunDirError(f"{self.path} has no readable checkpoint: {', '.join(skipped)}")
+
+    def _inside(self, path: Path) -> Path:
+        """`path`, if it resolves to a file inside the run folder (a link out of it is refused)."""
+        if not path.resolve().is_relative_to(self.path.resolve()):
+            raise RunDirError(f"{path} leads outside {self.path} (to {path.resolve()}), so it is refused")
+        return path
+
+
+class _Unreadable(Exception):
+    """A checkpoint file that is missing, empty or cut short: skip it for an older one."""
+
+
+def _read_checkpoint(path: Path) -> dict[str, Any]:
+    import torch
+
+    if not path.is_file():
+        raise _Unreadable("missing")
+    if path.stat().st_size == 0:
+        raise _Unreadable("empty")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        if _cut_short(path):
+            raise _Unreadable(f"cut short: {str(exc).splitlines()[0]}") from exc
+        refused = re.search(r"GLOBAL (\S+) was not an allowed global", str(exc))
+        why = f"it would call {refused.group(1)}" if refused else str(exc).splitlines()[0]
+        raise RunDirError(
+            f"checkpoint {path} is not plain data ({why}), so it is refused: trace-rl never runs code from a "
+            "checkpoint. A checkpoint written by trace-rl before checkpoints were data-only is refused the same way; "
+            "train it again"
+        ) from None
+    if not isinstance(state, dict) or "step" not in state:
+        raise RunDirError(f"{path} is not a trace-rl checkpoint (expected a dict with a 'step')")
+    return state
+
+
+def _cut_short(path: Path) -> bool:
+    """Whether `path` starts as the zip archive `torch.save` writes but is not a whole one."""
+    with open(path, "rb") as handle:
+        if handle.read(4) != b"PK\x03\x04":
+            return False
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip() is not None
+    except (zipfile.BadZipFile, OSError, EOFError):
+        return True
+
+
+def checkpoint_data(value: Any, where: str = "checkpoint") -> Any:
+    """`value` as what a weights-only `torch.load` rebuilds: tensors, numbers, strings, None, and lists,
+    tuples and dicts of them. numpy arrays become tensors and numpy scalars Python numbers; anything
+    else raises TypeError naming its key. Containers holding no numpy value are returned as they are
+    (a model's state dict keeps its `_metadata`)."""
+    import torch
+
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "biuf":
+            raise TypeError(f"{where} is a numpy array of {value.dtype}; a checkpoint holds only numeric arrays")
+        return torch.from_numpy(np.array(value))
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (torch.Tensor, torch.Size, torch.dtype, torch.device, bool, int, float, str)):
+        return value
+    if type(value) in (dict, OrderedDict):
+        converted = {}
+        for key, item in value.items():
+            if not isinstance(key, (str, int)):
+                raise TypeError(f"{where} has a key {key!r} of type {type(key).__name__}; a checkpoint's keys are strings or ints")
+            converted[key] = checkpoint_data(item, f"{where}.{key}")
+        return value if all(converted[k] is value[k] for k in value) else converted
+    if type(value) in (list, tuple):
+        items = [checkpoint_data(item, f"{where}[{i}]") for i, item in enumerate(value)]
+        return value if all(a is b for a, b in zip(items, value)) else type(value)(items)
+    raise TypeError(f"{where} is a {type(value).__name__}; a checkpoint holds only tensors, numbers, strings, lists and dicts, so it loads without running code")
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -194,9 +368,20 @@ def latest_per_step(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def atomic_write(path: Path, write: Callable[[str], Any]) -> None:
-    """`write(tmp)` a temporary file beside `path`, fsync it, then rename it over `path`."""
+    """`write(tmp)` a temporary file beside `path`, fsync it, rename it over `path`, fsync the folder
+    (so the rename itself survives a power cut). An interrupted write leaves `path` as it was and
+    removes its temporary file."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    write(str(tmp))
-    with open(tmp, "rb") as handle:
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        write(str(tmp))
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from trace_rl.agent.protocol import ANSWER, TurnFormat, get_format
 from trace_rl.agent.tools import Tool, ToolErrorKind, ToolSpec, build_tools, run_tool
 from trace_rl.agent.types import Task, TaskSet, ToolCall
+from trace_rl.config import SandboxConfig
 
 Scorer = Callable[[Task, str], float]
 """`scorer(task, answer) -> reward in [0, 1]`; exceptions propagate (a crashed scorer is not a failed rollout)."""
@@ -180,11 +181,13 @@ class ToolEnv:
         max_observation_chars: int = 4000,
         search_url: str | None = None,
         topk: int = 3,
+        sandbox: SandboxConfig | None = None,
     ) -> ToolEnv:
-        """An env with the tools the taskset's tasks use; search runs over its corpus (or `search_url`)."""
+        """An env with the tools the taskset's tasks use; search runs over its corpus (or `search_url`),
+        python in `sandbox` (checked now: SandboxUnavailable when this machine cannot run it)."""
         names = sorted({name for task in taskset.tasks for name in task.tools})
         corpus = taskset.corpus if "search" in names and search_url is None else None
-        tools = build_tools(names, corpus=corpus, search_url=search_url, topk=topk)
+        tools = build_tools(names, corpus=corpus, search_url=search_url, topk=topk, sandbox=sandbox)
         return cls(tools, turn_format=turn_format, scorer=scorer, max_turns=max_turns, max_observation_chars=max_observation_chars)
 
     # ---------------------------------------------------------------- what the policy sees
@@ -225,6 +228,9 @@ class ToolEnv:
         return prompt
 
     def step(self, action: str) -> StepResult:
+        """Apply one turn. Never raises on what the model wrote, and takes bounded time: parsing is
+        total and linear, and every tool bounds its time and output and turns failures, crashes
+        included, into the observation (`run_tool`). Only misuse (no episode) and a crashed scorer raise."""
         state = self._state
         if state is None or self._done:
             raise RuntimeError("no episode in progress: call reset() first" if state is None else "the episode is over: call reset()")

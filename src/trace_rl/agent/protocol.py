@@ -9,8 +9,8 @@ action. Two formats share one interface (`TurnFormat`), chosen by name with `get
   `<tool_call>{"name": "search", "arguments": {"query": "…"}}</tool_call>` or `<answer>…</answer>`;
   results come back inside `<tool_response>…</tool_response>`.
 
-Parsing never raises on model output: `parse_turn` returns a `ParsedTurn` whose `error` tells the model
-precisely what was wrong. The rules, the same for both formats:
+Parsing never raises on model output and takes time linear in its length: `parse_turn` returns a
+`ParsedTurn` whose `error` tells the model precisely what was wrong. The rules, the same for both formats:
 
 - The thought is the text inside `<think>…</think>` (a missing `<think>` before `</think>` is fine:
   some chat templates open it in the prompt). Action tags inside the thought are ignored.
@@ -22,12 +22,17 @@ precisely what was wrong. The rules, the same for both formats:
 - Tag contents are dedented and stripped; required text arguments must not be empty.
 - A complete tag block that is not an action (`<wikipedia>…</wikipedia>`, a `<search>` block in the
   json format) before the first action is an error that lists the valid actions.
+- json only: a `<tool_call>` nested deeper than `MAX_JSON_DEPTH`, an integer longer than
+  `MAX_JSON_INT_DIGITS` digits, a number beyond the float range and NaN / Infinity are errors, refused
+  before `json.loads` would recurse past Python's stack or hit its int-string limit (4,300 digits);
+  so is a string argument with an unpaired surrogate escape ("\\ud800"), which no UTF-8 file can hold.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -40,6 +45,11 @@ ANSWER = "answer"
 """Name of the final action: `ToolCall("answer", {"answer": ...})` ends the episode."""
 
 ParamType = Literal["string", "integer", "number", "boolean"]
+
+MAX_JSON_DEPTH = 16
+"""Deepest array / object nesting a `<tool_call>` may have (a call needs 2: the call, its arguments)."""
+MAX_JSON_INT_DIGITS = 100
+"""Longest integer a `<tool_call>` may hold; Python refuses to convert more than 4,300 digits at all."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +162,13 @@ def tool_schema(spec: ToolSpec) -> dict[str, Any]:
 
 
 _OPEN = re.compile(r"<([A-Za-z_][\w\-]*)>")
+_CLOSE = re.compile(r"</([A-Za-z_][\w\-]*)>")
+
+
+def _last_closes(text: str) -> dict[str, int]:
+    """Where each tag's last closing tag starts: one pass, so asking "is <x> closed later?" is O(1)
+    (a `find` per opening tag made `'<a>' * 100000` quadratic)."""
+    return {match.group(1): match.start() for match in _CLOSE.finditer(text)}
 
 
 def _split_thought(text: str) -> tuple[str, tuple[int, int] | None]:
@@ -231,6 +248,7 @@ class TurnFormat:
         """Split one generated turn into thought and action; never raises on model output."""
         inner, think_span = _split_thought(text)
         names = self._action_tags(tools)
+        closes = _last_closes(text)
         action_at = None
         unknown_at = None
         for match in _OPEN.finditer(text):
@@ -240,7 +258,7 @@ class TurnFormat:
             if tag in names:
                 action_at = match
                 break
-            if tag != "think" and unknown_at is None and text.find(f"</{tag}>", match.end()) >= 0:
+            if tag != "think" and unknown_at is None and closes.get(tag, -1) >= match.end():
                 unknown_at = match
         before_end = len(text) if action_at is None else action_at.start()
         outside = _outside(text, think_span, before_end)
@@ -425,10 +443,14 @@ class JsonFormat(TurnFormat):
             return self._answer(content)
         specs = _spec_map(tools)
         shape = '{"name": …, "arguments": {…}}'
+        if _nested_deeper_than(content, MAX_JSON_DEPTH):
+            return None, f"<tool_call> is nested more than {MAX_JSON_DEPTH} levels deep; write {shape}."
         try:
-            data = json.loads(content)
+            data = json.loads(content, parse_int=_json_int, parse_float=_json_float, parse_constant=_json_constant)
         except json.JSONDecodeError as exc:
             return None, f"invalid JSON in <tool_call>: {exc.msg} (line {exc.lineno}, column {exc.colno}); write {shape}."
+        except _UnusableNumber as exc:
+            return None, f"{exc} in <tool_call>; write {shape}."
         if not isinstance(data, dict):
             return None, f"<tool_call> must hold a JSON object {shape}, got {_json_type(data)}."
         extra = sorted(set(data) - {"name", "arguments"})
@@ -444,7 +466,63 @@ class JsonFormat(TurnFormat):
         problem = check_arguments(specs[name], arguments)
         if problem is not None:
             return None, f"{name}: {problem}."
+        for key, value in arguments.items():
+            if isinstance(value, str) and _SURROGATE.search(value):  # no UTF-8 form: the tree file could not hold it
+                return None, f"{name}: argument {key!r} holds an unpaired \\ud800-\\udfff escape; write the character itself."
         return ToolCall(name, dict(arguments)), None
+
+
+_JSON_STRUCTURE = re.compile(r'\\.|["\[\]{}]', re.DOTALL)
+"""What decides JSON nesting: quotes, brackets, and escapes (taken whole, so an escaped quote stays in its string)."""
+
+
+def _nested_deeper_than(content: str, limit: int) -> bool:
+    """Whether arrays / objects in `content` nest deeper than `limit`, strings skipped; linear.
+
+    Sound for `json.loads`, which recurses once per level: over any prefix it parses, this scan
+    tracks strings exactly as it does, so it sees every level the parser would enter.
+    """
+    if content.count("[") + content.count("{") <= limit:
+        return False
+    depth, in_string = 0, False
+    for match in _JSON_STRUCTURE.finditer(content):
+        token = match.group()
+        if token == '"':
+            in_string = not in_string
+        elif in_string or token[0] == "\\":
+            continue
+        elif token in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+"""What json.loads makes of an unpaired surrogate escape such as "\\ud800": text with no UTF-8 encoding."""
+
+
+class _UnusableNumber(ValueError):
+    """A JSON number no tool can take; raised from inside `json.loads` by the hooks below."""
+
+
+def _json_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_JSON_INT_DIGITS:
+        raise _UnusableNumber(f"an integer with {len(digits.lstrip('-'))} digits (at most {MAX_JSON_INT_DIGITS})")
+    return int(digits)
+
+
+def _json_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _UnusableNumber(f"the number {text[:40]}{'…' if len(text) > 40 else ''} is beyond the float range")
+    return value
+
+
+def _json_constant(name: str) -> float:
+    raise _UnusableNumber(f"{name} is not a JSON number")
 
 
 FORMATS: dict[str, TurnFormat] = {"tag": TagFormat(), "json": JsonFormat()}

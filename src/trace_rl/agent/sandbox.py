@@ -137,6 +137,14 @@ def run_python(
     return _run(level, interp, code, limits, site_packages)
 
 
+def check_sandbox(isolation: Literal["auto", "bwrap", "rlimits"] = "auto", python: str | None = None) -> Isolation:
+    """The level `run_python(isolation=..., python=...)` will use here; raises SandboxUnavailable saying
+    what to do when none can run. Call it before work starts: the first call makes a test run."""
+    if isolation not in ("auto", *ISOLATIONS):
+        raise ValueError(f"isolation must be 'auto', 'bwrap' or 'rlimits', got {isolation!r}")
+    return _resolve(isolation, _interpreter(python or sys.executable))
+
+
 def isolation_problem(isolation: Isolation, python: str | None = None) -> str | None:
     """Why `isolation` cannot run code with this interpreter on this machine; None when it can."""
     if _machine_problem():
@@ -225,7 +233,9 @@ def _resolve(isolation: str, interp: _Interpreter) -> Isolation:
         return "bwrap"
     rlimits_problem = _rlimits_problem(interp)
     if rlimits_problem:
-        raise SandboxUnavailable(f"no sandbox can run here. bwrap: {bwrap_problem}. rlimits fallback: {rlimits_problem}")
+        raise SandboxUnavailable(
+            f"no sandbox can run model code here. bwrap: {bwrap_problem}. rlimits fallback: {rlimits_problem}"
+        )
     with _RESOLVE_LOCK:
         if not _FALLBACK_WARNED:
             _FALLBACK_WARNED = True
@@ -251,7 +261,7 @@ def _machine_problem() -> str | None:
 @functools.lru_cache(maxsize=None)
 def _bwrap_problem(interp: _Interpreter) -> str | None:
     if shutil.which("bwrap") is None:
-        return "bwrap is not installed (apt-get install bubblewrap)"
+        return "bwrap is not installed (apt-get install bubblewrap, or `make` as root)"
     if os.geteuid() == 0 and _sandbox_uid() is None:
         return "no uid to run the code as"
     # A real run proves that namespaces, mounts and the privilege drop work here.
@@ -269,9 +279,26 @@ def _rlimits_problem(interp: _Interpreter) -> str | None:
     for path in (interp.executable, interp.stdlib):
         blocked = _blocked_for_others(path)
         if blocked:
+            other = _interpreter_for_everyone()
+            such_as = f", such as {other}" if other else " (none found on this machine)"
             return (f"as root the fallback runs code as an unprivileged uid, which cannot reach {path} "
-                    f"({blocked} is not readable/searchable by other users); install bubblewrap, or pass "
-                    f"python= an interpreter every user can run, such as /usr/bin/python3")
+                    f"({blocked} is not readable/searchable by other users). Install bubblewrap "
+                    f"(apt-get install bubblewrap), or run the fallback with an interpreter every user can "
+                    f"run{such_as}")
+    return None
+
+
+def _interpreter_for_everyone() -> str | None:
+    """An installed python3 that the fallback can run as an unprivileged uid (for error messages)."""
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3", shutil.which("python3")):
+        if not candidate or not os.access(candidate, os.X_OK):
+            continue
+        try:
+            interp = _interpreter(candidate)
+        except SandboxUnavailable:
+            continue
+        if not any(_blocked_for_others(path) for path in (interp.executable, interp.stdlib)):
+            return candidate
     return None
 
 
@@ -314,7 +341,9 @@ def _start_bwrap(interp: _Interpreter, limits: _Limits, site_dirs: tuple[str, ..
             argv = _bwrap_argv(interp, site_dirs, limits.disk_mb, info_fd=info_w, block_fd=block_r, privileged=privileged)
             # As root bwrap starts the code as root (privileged mode); the launcher leaves root for `uid`.
             argv += _launcher_argv(interp.executable, uid, _rlimits(limits, limits.max_processes), site_dirs)
-            proc = subprocess.Popen(argv, cwd="/", env=_environment(_WORKDIR), pass_fds=(info_w, block_r), **_PIPES)
+            # A session of its own: a terminal's Ctrl-C (SIGINT to our whole process group) must not kill a
+            # call the trainer finishes before it stops at the step boundary.
+            proc = subprocess.Popen(argv, cwd="/", env=_environment(_WORKDIR), pass_fds=(info_w, block_r), start_new_session=True, **_PIPES)
         finally:
             os.close(info_w)
             os.close(block_r)

@@ -20,6 +20,7 @@ from trace_rl.agent.agents import Episode, OracleAgent, RandomAgent, run_episode
 from trace_rl.agent.env import ToolEnv
 from trace_rl.agent.protocol import FORMATS
 from trace_rl.agent.types import TaskSet
+from trace_rl.config import SandboxConfig
 
 DEFAULT_TASKSETS = ("multihop", "toolmath")
 
@@ -35,6 +36,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--show", type=int, default=1, help="prompts and oracle rollouts to print per taskset")
     parser.add_argument("--random-seeds", type=int, default=2, help="random-agent episodes per task")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
+    parser.add_argument("--sandbox-isolation", default="auto", choices=["auto", "bwrap", "rlimits"],
+                        help="how the python tool isolates model code (task.sandbox.isolation in a run config)")
+    parser.add_argument("--sandbox-python", type=_absolute_path, default=None, metavar="PATH",
+                        help="interpreter for model code (task.sandbox.python); as root without bubblewrap, "
+                             "one every user can run, e.g. /usr/bin/python3")
+
+
+def _absolute_path(text: str) -> str:
+    if not text.startswith("/"):
+        raise argparse.ArgumentTypeError(f"must be an absolute path, got {text!r}")
+    return text
 
 
 def _parse(argv: argparse.Namespace | Sequence[str] | None) -> argparse.Namespace:
@@ -53,9 +65,10 @@ def evaluate_taskset(
     max_turns: int = 8,
     random_seeds: int = 2,
     seed: int = 0,
+    sandbox: SandboxConfig | None = None,
 ) -> tuple[dict[str, Any], list[Episode]]:
     """Oracle and random-agent success on every task of `taskset`; returns the figures and the oracle episodes."""
-    env = ToolEnv.for_taskset(taskset, turn_format=turn_format, max_turns=max_turns)
+    env = ToolEnv.for_taskset(taskset, turn_format=turn_format, max_turns=max_turns, sandbox=sandbox)
     start = time.perf_counter()
     oracle_episodes: list[Episode] = []
     if taskset.oracle is not None:
@@ -99,6 +112,7 @@ def tasks_report(argv: argparse.Namespace | Sequence[str] | None = None) -> tupl
     out = io.StringIO()
     console = Console(file=out, quiet=args.json, soft_wrap=False, width=120)
     names = args.names or list(DEFAULT_TASKSETS)
+    sandbox = SandboxConfig(isolation=args.sandbox_isolation, python=args.sandbox_python)
     console.print(Text(f"registered tasksets: {', '.join(available_tasksets())}"))
     summary: dict[str, Any] = {}
     table = Table(
@@ -114,7 +128,8 @@ def tasks_report(argv: argparse.Namespace | Sequence[str] | None = None) -> tupl
         full = load_taskset(name, split=args.split, seed=args.seed)
         sample = dataclasses.replace(full, tasks=full.tasks[: args.num_tasks])
         figures, episodes = evaluate_taskset(
-            sample, turn_format=args.format, max_turns=args.max_turns, random_seeds=args.random_seeds, seed=args.seed
+            sample, turn_format=args.format, max_turns=args.max_turns, random_seeds=args.random_seeds, seed=args.seed,
+            sandbox=sandbox,
         )
         summary[name] = {"tasks": len(full.tasks), **figures}
         table.add_row(

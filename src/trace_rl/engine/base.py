@@ -146,3 +146,12 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, str | None]:
         if index >= 0 and (best_end is None or index + len(s) < best_end):
             best_end, best = index + len(s), s
     return (text, None) if best_end is None else (text[:best_end], best)
+
+
+def detokenize(tokenizer: Any, token_ids: Sequence[int]) -> str:
+    """Text of tokens without special tokens, as vLLM detokenizes by default (a fast tokenizer's Rust
+    decoder, without transformers' Python clean-up of spaces)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return backend.decode(list(token_ids), skip_special_tokens=True)
+    return tokenizer.decode(list(token_ids), skip_special_tokens=True)

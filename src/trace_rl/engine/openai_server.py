@@ -22,24 +22,51 @@ a server moves only the keys it wins.
 Seeds: vLLM seeds the j-th of n samples with `seed + j`; the r-th repeat of an identical prompt
 within one call gets `seed + r * n`, so repeats differ, as in the `hf` engine.
 
-HTTP uses the standard library only (`urllib`), one thread per request in flight.
+Failures: every attempt at a request must end within `timeout_s`, from connecting to the reply's
+last byte (a watchdog cuts the socket at the deadline, so a server trickling bytes cannot stretch it).
+What may pass by itself is retried `retries` times, waiting `retry_wait_s`, 2x, 4x, ... (a 429's
+`Retry-After`, up to `timeout_s`, when longer): refused or reset connections, a server closing the
+connection before or while answering (a reply shorter than its Content-Length included), a missed
+deadline, HTTP 429 and 5xx. Other 4xx answers and replies that break the schema are not retried: they
+raise `EngineError` saying what was wrong (non-finite or positive log-probs, token ids that are not
+integers of the vocabulary, choice indices that are not 0..n-1 once each, and, when the tokenizer is
+known, text that is not what the token ids decode to). A request thus returns or raises within about
+`(retries + 1) * timeout_s` plus the waits.
+
+HTTP uses the standard library only (`http.client`, servers are reached directly, without proxies),
+one thread per request in flight.
 """
 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
+import math
+import re
 import socket
+import ssl
+import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .base import Completion, EngineError, FinishReason, SamplingParams, check_prompts
+from .base import (
+    Completion,
+    EngineError,
+    FinishReason,
+    SamplingParams,
+    check_prompts,
+    detokenize,
+)
+
+MAX_TOKEN_ID = 2**31 - 1
+"""Largest token id believed without a known vocabulary (vLLM's ids are int32)."""
+_MAX_ERROR_BYTES = 64 * 1024
+"""How much of an error reply's body is read for its message."""
 
 
 class OpenAIEngine:
@@ -47,8 +74,9 @@ class OpenAIEngine:
 
     `base_urls`: e.g. "http://127.0.0.1:8000/v1" (or several; a bare "http://host:port" gets
     "/v1" appended, as vLLM and SGLang serve the API there). `model`: the served model name; by
-    default the first one `GET /models` lists. `timeout_s` bounds each request. `retries` repeats a
-    request that failed to connect, timed out or got a 5xx answer, waiting `retry_wait_s`, 2×, ...
+    default the first one `GET /models` lists. `timeout_s`, `retries`, `retry_wait_s`: see the module
+    docstring. `tokenizer` (the policy's) lets replies be checked against it: their text must be what
+    their token ids decode to. `vocab_size` bounds the token ids (default: `MAX_TOKEN_ID`).
     """
 
     accepts_weights = False
@@ -72,6 +100,8 @@ class OpenAIEngine:
         retry_wait_s: float = 1.0,
         max_concurrency: int = 16,
         route_prefix_tokens: int = 32,
+        tokenizer: Any = None,
+        vocab_size: int | None = None,
     ) -> None:
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
@@ -79,10 +109,12 @@ class OpenAIEngine:
         for url in urls:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"base URL {url!r} must start with http:// or https://")
-        if timeout_s <= 0 or retries < 0 or max_concurrency < 1 or route_prefix_tokens < 1:
+        if not (0 < timeout_s < math.inf and 0 <= retry_wait_s < math.inf):
+            raise ValueError(f"need finite timeout_s > 0 and retry_wait_s >= 0; got {timeout_s!r}, {retry_wait_s!r}")
+        if retries < 0 or max_concurrency < 1 or route_prefix_tokens < 1 or (vocab_size is not None and vocab_size < 1):
             raise ValueError(
-                "need timeout_s > 0, retries >= 0, max_concurrency >= 1, route_prefix_tokens >= 1; got "
-                f"{timeout_s!r}, {retries!r}, {max_concurrency!r}, {route_prefix_tokens!r}"
+                "need retries >= 0, max_concurrency >= 1, route_prefix_tokens >= 1, vocab_size >= 1; got "
+                f"{retries!r}, {max_concurrency!r}, {route_prefix_tokens!r}, {vocab_size!r}"
             )
         self.base_urls = [_api_base(url) for url in urls]
         self.model = model
@@ -92,6 +124,8 @@ class OpenAIEngine:
         self.retry_wait_s = retry_wait_s
         self.max_concurrency = max_concurrency
         self.route_prefix_tokens = route_prefix_tokens
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
         self._models: dict[str, str] = {}
 
     def route(self, key: str | bytes | Sequence[int]) -> str:
@@ -113,7 +147,7 @@ class OpenAIEngine:
     ) -> list[list[Completion]]:
         """`params.n` completions per prompt. `route_keys` (one per prompt, e.g. the tree's task id)
         override the default routing by prompt prefix."""
-        prompts = check_prompts(prompts)
+        prompts = check_prompts(prompts, self.vocab_size)
         if route_keys is not None and len(route_keys) != len(prompts):
             raise ValueError(f"route_keys has {len(route_keys)} entries for {len(prompts)} prompts")
         repeats: Counter[tuple[int, ...]] = Counter()
@@ -156,9 +190,15 @@ class OpenAIEngine:
         if not isinstance(choices, list) or len(choices) != params.n:
             got = len(choices) if isinstance(choices, list) else "no"
             raise EngineError(f"{url}/completions answered with {got} choices, expected n={params.n}: {_clip(response)}")
-        ordered = sorted(choices, key=lambda c: c.get("index", 0))
+        indices = [choice.get("index") if isinstance(choice, dict) else None for choice in choices]
+        if not all(_is_int(i) for i in indices) or sorted(indices) != list(range(params.n)):
+            raise EngineError(
+                f"{url}/completions answered with choice indices {_clip(indices)}; expected each of 0..{params.n - 1} once"
+            )
+        ordered = sorted(choices, key=lambda c: c["index"])
         cached = _cached_tokens(response)
-        return [_parse_choice(choice, url, cached) for choice in ordered]
+        check = _ReplyCheck(url, self.vocab_size or MAX_TOKEN_ID + 1, self.tokenizer)
+        return [check.completion(choice, cached) for choice in ordered]
 
     def _model_name(self, url: str) -> str:
         if self.model is not None:
@@ -172,34 +212,102 @@ class OpenAIEngine:
         return self._models[url]
 
     def _request(self, url: str, path: str, body: dict[str, Any] | None) -> Any:
-        """GET (body None) or POST JSON; retries connection errors, timeouts and 5xx answers."""
-        headers = {"Content-Type": "application/json"}
+        """GET (body None) or POST JSON; retries what may pass by itself (module docstring)."""
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         data = None if body is None else json.dumps(body).encode("utf-8")
+        start = time.monotonic()
         for attempt in range(self.retries + 1):
-            request = urllib.request.Request(url + path, data=data, headers=headers, method="GET" if body is None else "POST")
+            wait = self.retry_wait_s * 2**attempt
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:
-                    raw = answer.read()
-                break
-            except urllib.error.HTTPError as exc:
-                detail = _error_message(exc.read())
-                if exc.code < 500 or attempt == self.retries:
-                    raise EngineError(f"{url}{path} answered HTTP {exc.code}: {detail}") from None
-            except (TimeoutError, socket.timeout) as exc:
-                if attempt == self.retries:
-                    raise EngineError(
-                        f"{url}{path} did not answer within timeout_s={self.timeout_s} ({self.retries + 1} attempts)"
-                    ) from exc
-            except urllib.error.URLError as exc:
-                if attempt == self.retries:
-                    raise EngineError(f"cannot reach {url}{path}: {exc.reason} ({self.retries + 1} attempts)") from exc
-            time.sleep(self.retry_wait_s * 2**attempt)
-        try:
-            return json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise EngineError(f"{url}{path} answered with invalid JSON: {raw[:200]!r}") from exc
+                status, retry_after, raw = _exchange(url + path, data, headers, self.timeout_s)
+            except TimeoutError:
+                failure = f"did not answer within timeout_s={self.timeout_s:g}"
+            except ssl.SSLCertVerificationError as exc:  # will not pass by itself
+                raise EngineError(f"cannot reach {url}{path}: {exc}") from None
+            except (OSError, http.client.HTTPException) as exc:
+                failure = _connection_failure(exc)
+            else:
+                if status == 200:
+                    try:
+                        return json.loads(raw)
+                    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+                        raise EngineError(f"{url}{path} answered with invalid JSON: {raw[:200]!r}") from None
+                failure = f"answered HTTP {status}: {_error_message(raw)}"
+                if status != 429 and status < 500:
+                    raise EngineError(f"{url}{path} {failure}")
+                if retry_after is not None:
+                    wait = max(wait, min(retry_after, self.timeout_s))
+            if attempt < self.retries:
+                time.sleep(wait)
+        elapsed = time.monotonic() - start
+        raise EngineError(f"{url}{path} {failure} ({self.retries + 1} attempts in {elapsed:.1f}s)")
+
+
+def _exchange(url: str, data: bytes | None, headers: dict[str, str], timeout_s: float) -> tuple[int, float | None, bytes]:
+    """One HTTP exchange (POST with `data`, else GET) that ends within `timeout_s` of its start.
+
+    Returns (status, Retry-After seconds or None, body; at most `_MAX_ERROR_BYTES` of an error's). A
+    socket's own timeout bounds each read, not their sum, so a timer shuts the socket down at the
+    deadline; whatever that interrupts is raised as TimeoutError.
+    """
+    parts = urllib.parse.urlsplit(url)
+    connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    connection = connection_class(parts.hostname or "", parts.port, timeout=timeout_s)
+    expired = threading.Event()
+
+    def cut() -> None:
+        expired.set()
+        sock = connection.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    timer = threading.Timer(timeout_s, cut)
+    timer.daemon = True
+    timer.start()
+    try:
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        connection.request("GET" if data is None else "POST", target, body=data, headers=headers)
+        answer = connection.getresponse()
+        raw = answer.read() if answer.status == 200 else answer.read(_MAX_ERROR_BYTES)
+        if expired.is_set():
+            raise TimeoutError(f"no complete reply within {timeout_s:g}s")
+        return answer.status, _retry_after(answer.getheader("Retry-After")), raw
+    except (OSError, http.client.HTTPException) as exc:
+        if expired.is_set():
+            raise TimeoutError(f"no complete reply within {timeout_s:g}s") from exc
+        raise
+    finally:
+        timer.cancel()
+        connection.close()
+
+
+def _connection_failure(exc: BaseException) -> str:
+    """What went wrong on the wire, in words (these are all retried)."""
+    if isinstance(exc, http.client.IncompleteRead):
+        return f"sent a reply cut short ({len(exc.partial)} bytes, {exc.expected} more announced)"
+    if isinstance(exc, http.client.RemoteDisconnected):
+        return "closed the connection without answering"
+    if isinstance(exc, ConnectionRefusedError):
+        return f"cannot reach the server: {exc}"
+    if isinstance(exc, ConnectionError):
+        return f"dropped the connection: {exc}"
+    if isinstance(exc, http.client.HTTPException):
+        return f"sent a malformed HTTP reply: {type(exc).__name__}: {exc}"
+    return f"cannot reach the server: {exc}"
+
+
+def _retry_after(value: str | None) -> float | None:
+    """A Retry-After header in seconds (its HTTP-date form is ignored)."""
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 <= seconds < math.inf else None
 
 
 def _api_base(url: str) -> str:
@@ -217,54 +325,102 @@ def _cached_tokens(response: dict[str, Any]) -> int:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
-def _parse_choice(choice: dict[str, Any], url: str, cached_tokens: int = 0) -> Completion:
-    logprobs = choice.get("logprobs") or {}
-    values = logprobs.get("token_logprobs")
-    token_ids = choice.get("token_ids")
-    if token_ids is None:  # servers without return_token_ids: parse "token_id:123" strings
-        tokens = logprobs.get("tokens") or []
-        try:
-            token_ids = [int(str(t).removeprefix("token_id:")) for t in tokens]
-        except ValueError as exc:
-            raise EngineError(
-                f"{url} returned no token ids (needs vLLM's return_token_ids or return_tokens_as_token_ids): "
-                f"{_clip(choice)}"
-            ) from exc
-    if values is None or len(values) != len(token_ids) or any(v is None for v in values):
-        raise EngineError(f"{url} returned {len(token_ids)} token ids but log-probs {_clip(values)}")
-    reason = choice.get("finish_reason")
-    stop_reason = choice.get("stop_reason")
-    finish: FinishReason
-    if reason == "length":
-        finish = "length"
-    elif reason == "stop" and isinstance(stop_reason, str):
-        finish = "stop"
-    elif reason == "stop":  # EOS, or a stop token id
-        finish, stop_reason = "eos", None
-    else:
-        raise EngineError(f"{url} finished a completion with unexpected finish_reason {reason!r}")
-    return Completion(
-        token_ids=[int(t) for t in token_ids],
-        logprobs=[float(v) for v in values],
-        text=str(choice.get("text", "")),
-        finish_reason=finish,
-        stop_reason=stop_reason if finish == "stop" else None,
-        cached_tokens=cached_tokens,
-    )
+_TOKEN_ID_STRING = re.compile(r"token_id:(-?[0-9]+)")
+
+
+class _ReplyCheck:
+    """Turns one reply's choices into Completions, refusing any that break the schema (module docstring)."""
+
+    def __init__(self, url: str, vocab_size: int, tokenizer: Any) -> None:
+        self.url, self.vocab_size, self.tokenizer = url, vocab_size, tokenizer
+
+    def completion(self, choice: dict[str, Any], cached_tokens: int) -> Completion:
+        where = f"{self.url} sent a malformed completion (choice {choice['index']})"
+        logprobs = choice.get("logprobs") or {}
+        if not isinstance(logprobs, dict):
+            raise EngineError(f"{where}: logprobs is {_clip(logprobs)}")
+        token_ids = self._token_ids(choice, logprobs, where)
+        values = logprobs.get("token_logprobs")
+        if not isinstance(values, list) or len(values) != len(token_ids):
+            raise EngineError(f"{self.url} returned {len(token_ids)} token ids but log-probs {_clip(values)}")
+        for position, value in enumerate(values):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not -math.inf < value <= 0.0:
+                raise EngineError(f"{where}: log-prob {value!r} at position {position}; each must be a finite number <= 0")
+        text = choice.get("text", "")
+        if not isinstance(text, str):
+            raise EngineError(f"{where}: text is {_clip(text)}, not a string")
+        finish, stop_reason = self._finish(choice)
+        if self.tokenizer is not None:
+            self._check_text(token_ids, text, finish, where)
+        return Completion(
+            token_ids=token_ids,
+            logprobs=[float(v) for v in values],
+            text=text,
+            finish_reason=finish,
+            stop_reason=stop_reason,
+            cached_tokens=cached_tokens,
+        )
+
+    def _token_ids(self, choice: dict[str, Any], logprobs: dict[str, Any], where: str) -> list[int]:
+        token_ids = choice.get("token_ids")
+        if token_ids is None:  # servers without return_token_ids: parse "token_id:123" strings
+            tokens = logprobs.get("tokens")
+            matches = [_TOKEN_ID_STRING.fullmatch(t) if isinstance(t, str) else None for t in tokens or []]
+            if not isinstance(tokens, list) or not all(matches):
+                raise EngineError(
+                    f"{self.url} returned no token ids (needs vLLM's return_token_ids or return_tokens_as_token_ids): "
+                    f"{_clip(choice)}"
+                )
+            token_ids = [int(m.group(1)) for m in matches]  # type: ignore[union-attr]
+        if not isinstance(token_ids, list):
+            raise EngineError(f"{where}: token_ids is {_clip(token_ids)}, not a list")
+        for position, token in enumerate(token_ids):
+            if not _is_int(token) or not 0 <= token < self.vocab_size:
+                raise EngineError(
+                    f"{where}: token id {token!r} at position {position} is not an integer in [0, {self.vocab_size})"
+                )
+        return token_ids
+
+    def _finish(self, choice: dict[str, Any]) -> tuple[FinishReason, str | None]:
+        reason, stop_reason = choice.get("finish_reason"), choice.get("stop_reason")
+        if reason == "length":
+            return "length", None
+        if reason == "stop" and isinstance(stop_reason, str):
+            return "stop", stop_reason
+        if reason == "stop":  # EOS, or a stop token id
+            return "eos", None
+        raise EngineError(f"{self.url} finished a completion with unexpected finish_reason {reason!r}")
+
+    def _check_text(self, token_ids: list[int], text: str, finish: FinishReason, where: str) -> None:
+        """`text` must be what the ids decode to (engine.base's contract). Allowed differences: leading
+        spaces (a SentencePiece tokenizer drops one when decoding ids on their own), the part of a last
+        token that straddles a stop string, and a trailing character not yet complete in UTF-8."""
+        decoded = detokenize(self.tokenizer, token_ids).lstrip(" ")
+        said = text.lstrip(" ")
+        extra = decoded[len(said):] if decoded.startswith(said) else None
+        if extra is not None and finish == "stop" and len(extra) <= len(detokenize(self.tokenizer, token_ids[-1:])):
+            return
+        if extra is not None and not extra.strip("\ufffd"):
+            return
+        raise EngineError(f"{where}: its text {_clip(text, 120)} is not what its token ids decode to ({_clip(decoded, 120)})")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _error_message(raw: bytes) -> str:
     """The server's error message: vLLM / OpenAI `{"error": {"message": ...}}` or `{"message": ...}`."""
     try:
         data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         return raw[:500].decode("utf-8", "replace")
     if isinstance(data, dict):
         error = data.get("error")
         if isinstance(error, dict) and "message" in error:
-            return str(error["message"])
+            return _clip(str(error["message"]), 500)
         if "message" in data:
-            return str(data["message"])
+            return _clip(str(data["message"]), 500)
     return _clip(data)
 
 

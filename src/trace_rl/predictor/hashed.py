@@ -100,6 +100,7 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
+from trace_rl.config import check_range
 from trace_rl.predictor.base import check_training_batch
 from trace_rl.tree import History, Turn
 
@@ -185,6 +186,11 @@ class _Logistic:
         self.bias, self.accum_bias = float(state["bias"]), float(state["accum_bias"])
 
 
+MAX_FEATURES = 2**24
+"""Largest `num_features`: four float64 arrays of this size take 512 MiB; a typo of 10**12 would
+otherwise fail with a MemoryError only when the predictor is built, after the warm start."""
+
+
 @dataclass
 class PredictorConfig:
     """Settings of the shared predictor Ṽψ (`HashedNgramPredictor`): the run config's `predictor` section.
@@ -244,32 +250,18 @@ class PredictorConfig:
     2 score the same on the replayed runs."""
 
     def __post_init__(self) -> None:
-        if self.num_features < 2:
-            raise ValueError(f"num_features must be >= 2, got {self.num_features}")
-        if self.max_ngram < 1:
-            raise ValueError(f"max_ngram must be >= 1, got {self.max_ngram}")
-        if not self.learning_rate > 0.0 or not np.isfinite(self.learning_rate):
-            raise ValueError(f"learning_rate must be a finite number > 0, got {self.learning_rate}")
-        if not self.l2 >= 0.0 or not np.isfinite(self.l2):
-            raise ValueError(f"l2 must be a finite number >= 0, got {self.l2}")
-        if not self.initial_accumulator > 0.0 or not np.isfinite(self.initial_accumulator):
-            raise ValueError(f"initial_accumulator must be a finite number > 0, got {self.initial_accumulator}")
-        if self.epochs < 1 or self.batch_size < 1 or self.root_epochs < 1:
-            raise ValueError(
-                f"epochs, root_epochs and batch_size must be >= 1, got {self.epochs}, {self.root_epochs} and {self.batch_size}"
-            )
-        if self.replay_batches < 0 or self.calibration_batches < 0:
-            raise ValueError(
-                f"replay_batches and calibration_batches must be >= 0, got {self.replay_batches} and {self.calibration_batches}"
-            )
-        if not self.max_logit_step >= 0.0 or not np.isfinite(self.max_logit_step):
-            raise ValueError(f"max_logit_step must be a finite number >= 0, got {self.max_logit_step}")
-        if not self.calibration_prior > 0.0 or not np.isfinite(self.calibration_prior):
-            raise ValueError(f"calibration_prior must be a finite number > 0, got {self.calibration_prior}")
-        if not 0.0 <= self.calibration_margin < 1.0:
-            raise ValueError(f"calibration_margin must be in [0, 1), got {self.calibration_margin}")
-        if not self.calibration_max_slope >= 0.0 or not np.isfinite(self.calibration_max_slope):
-            raise ValueError(f"calibration_max_slope must be a finite number >= 0, got {self.calibration_max_slope}")
+        check_range(self, "num_features", ge=2, le=MAX_FEATURES, why="each is a float64 weight and accumulator in two models")
+        check_range(self, "max_ngram", ge=1)
+        for name in ("learning_rate", "initial_accumulator", "calibration_prior"):
+            check_range(self, name, gt=0)
+        for name in ("epochs", "root_epochs", "batch_size"):
+            check_range(self, name, ge=1)
+        for name in ("replay_batches", "calibration_batches"):
+            check_range(self, name, ge=0, why="0: none")
+        check_range(self, "l2", ge=0)
+        check_range(self, "max_logit_step", ge=0, why="0: no cap")
+        check_range(self, "calibration_margin", ge=0, lt=1)
+        check_range(self, "calibration_max_slope", ge=0)
 
 
 class HashedNgramPredictor:

@@ -30,6 +30,7 @@ from trace_rl.agent.agents import Episode, OracleAgent, RandomAgent, run_episode
 from trace_rl.agent.env import StepResult, ToolEnv
 from trace_rl.agent.protocol import ANSWER, TurnFormat
 from trace_rl.agent.types import OraclePolicy, Rationale, Task, TaskSet, ToolCall
+from trace_rl.config import MAX_SEED, check_range
 from trace_rl.models import _atomic_folder, cache_root, load_policy, token_logprobs
 from trace_rl.rollout import encode_observation, encode_prompt
 from trace_rl.train.sequences import pad_right
@@ -68,12 +69,12 @@ class SFTConfig:
 
     def __post_init__(self) -> None:
         for name in ("demos", "steps", "batch_size", "max_seq_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"sft.{name} must be >= 1, got {getattr(self, name)!r}")
-        if not 0.0 <= self.mistake_prob < 1.0:
-            raise ValueError(f"sft.mistake_prob must be in [0, 1), got {self.mistake_prob!r}")
-        if self.lr <= 0.0 or self.warmup_steps < 0:
-            raise ValueError(f"sft.lr must be > 0 and sft.warmup_steps >= 0, got {self.lr!r} and {self.warmup_steps!r}")
+            check_range(self, name, ge=1)
+        check_range(self, "mistake_prob", ge=0, lt=1)
+        check_range(self, "lr", gt=0)
+        check_range(self, "warmup_steps", ge=0)
+        check_range(self, "weight_decay", ge=0)
+        check_range(self, "seed", ge=0, le=MAX_SEED)
 
 
 # ---------------------------------------------------------------- demonstrations

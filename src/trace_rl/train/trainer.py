@@ -17,6 +17,7 @@ checkpoint and reaches the same numbers. After every update the engine receives 
 from __future__ import annotations
 
 import copy
+import importlib.util
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -27,8 +28,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from trace_rl.advantage import advantage_metrics, get_estimator
+from trace_rl.advantage import ESTIMATORS, advantage_metrics, get_estimator
 from trace_rl.agent.types import Task
+from trace_rl.config import FieldError, check_choice, check_range
 from trace_rl.engine.base import Engine
 from trace_rl.methods import MethodSpec
 from trace_rl.metrics import predictor_metrics, rollout_metrics, tree_metrics
@@ -78,6 +80,8 @@ class TrainConfig:
     kl_coef: float = 0.0
     """KL to the starting policy (k3 estimator); 0 turns the reference model off."""
     grad_clip: float = 1.0
+    """Largest global gradient norm of an optimiser step (> 0; there is no off value: a norm no
+    gradient reaches clips nothing)."""
     advantage: str | None = None
     """Advantage estimator (grpo | trace | treerl | tree_grpo); None: the method's default."""
     advantage_options: dict[str, Any] = field(default_factory=dict)
@@ -99,12 +103,24 @@ class TrainConfig:
     """Also log to Weights & Biases under this project (needs `wandb` and its login)."""
 
     def __post_init__(self) -> None:
-        if self.steps < 0 or self.epochs < 1 or self.mini_batches < 1 or self.micro_batch_size < 1:
-            raise ValueError("steps must be >= 0 and epochs, mini_batches, micro_batch_size >= 1")
-        if self.lr <= 0 or self.clip_low < 0 or self.clip_high < 0 or self.kl_coef < 0:
-            raise ValueError("lr must be > 0 and clip_low, clip_high, kl_coef >= 0")
-        if self.advantage is not None:
-            get_estimator(self.advantage)  # raises with the nearest name
+        check_range(self, "steps", ge=0)
+        check_range(self, "lr", gt=0)
+        check_range(self, "weight_decay", ge=0)
+        for name in ("epochs", "mini_batches", "micro_batch_size", "eval_samples", "checkpoint_every", "dapo_max_rounds"):
+            check_range(self, name, ge=1)
+        check_range(self, "clip_low", ge=0, lt=1, why="the ratio's lower clip is 1 - clip_low")
+        check_range(self, "clip_high", ge=0)
+        check_range(self, "kl_coef", ge=0, why="0: no KL term")
+        check_range(self, "grad_clip", gt=0, why="the norm gradients are clipped to; one <= 0 would reverse or zero every update")
+        check_choice(self, "advantage", sorted(ESTIMATORS), nullable=True)
+        check_range(self, "eval_every", ge=0, why="0: never")
+        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
+            raise FieldError("tensorboard", True, "false unless the tensorboard package is installed (pip install tensorboard)")
+        if self.wandb_project is not None:
+            if not self.wandb_project.strip():
+                raise FieldError("wandb_project", self.wandb_project, "a project name or null")
+            if importlib.util.find_spec("wandb") is None:
+                raise FieldError("wandb_project", self.wandb_project, "null unless the wandb package is installed (pip install wandb)")
 
     def estimator(self, method: MethodSpec) -> Callable[[Sequence[RolloutTree]], list]:
         """The advantage estimator this run trains with, its options bound (checked now, on no trees)."""
@@ -112,8 +128,8 @@ class TrainConfig:
         estimate = get_estimator(name)
         try:
             estimate([], **self.advantage_options)
-        except TypeError as exc:
-            raise ValueError(f"advantage_options {self.advantage_options!r} do not fit estimator {name!r}: {exc}") from exc
+        except (TypeError, ValueError) as exc:  # an unknown option, or a known one out of its range
+            raise FieldError("advantage_options", self.advantage_options, f"options estimator {name!r} takes", f" ({exc})") from exc
         return lambda trees: estimate(trees, **self.advantage_options)
 
 
@@ -157,6 +173,21 @@ class TrainingSetup:
     seed: int
 
 
+@dataclass
+class StopRequest:
+    """A request to stop training, set by a signal handler (`trace_rl.cli`). `Trainer.run` checks it at
+    every step boundary and, once set, saves a checkpoint there and returns. `listening` is True while
+    it does, so a signal outside the loop (the warm start, loading) knows to stop at once instead."""
+
+    signal: int | None = None
+    """The signal that asked to stop; None: none did."""
+    listening: bool = False
+
+    @property
+    def requested(self) -> bool:
+        return self.signal is not None
+
+
 class Trainer:
     """Trains `setup` for `config.steps` steps into a run folder; `run()` does it, resuming where it stopped."""
 
@@ -171,6 +202,7 @@ class Trainer:
         self.reference = copy.deepcopy(self.model).eval() if config.kl_coef > 0 else None
         self.rng = np.random.default_rng(setup.seed + 1)
         self.step = 0
+        self.checkpoint_step = 0  # the step the newest checkpoint holds; 0 needs none (a resume without one starts there)
         self.totals = {"rollouts": 0.0, "tokens": 0.0}
         self.autocast = _autocast_dtype(config.precision, self.model)
         self._writers: list[Callable[[dict[str, float], int], None]] = []
@@ -179,20 +211,35 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
 
-    def run(self, *, on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict[str, float]]:
+    def run(
+        self,
+        *,
+        on_step: Callable[[int, dict[str, float]], None] | None = None,
+        stop: StopRequest | None = None,
+    ) -> list[dict[str, float]]:
+        """Train up to `config.steps`; with `stop` set (a signal), stop at the next step boundary, after
+        a checkpoint of the last step done (so no finished step is lost), and return."""
         self._open_writers()
         history = []
-        while self.step < self.cfg.steps:
-            metrics = self.train_step()
-            final = self.step == self.cfg.steps
-            if self.cfg.eval_every and (self.step % self.cfg.eval_every == 0 or final):
-                metrics.update(self.evaluate())
-            self._log(metrics)
-            if self.step % self.cfg.checkpoint_every == 0 or final:
+        if stop is not None:
+            stop.listening = True
+        try:
+            while self.step < self.cfg.steps and not (stop and stop.requested):
+                metrics = self.train_step()
+                final = self.step == self.cfg.steps
+                if self.cfg.eval_every and (self.step % self.cfg.eval_every == 0 or final):
+                    metrics.update(self.evaluate())
+                self._log(metrics)
+                if self.step % self.cfg.checkpoint_every == 0 or final:
+                    self.save_checkpoint()
+                history.append(metrics)
+                if on_step is not None:
+                    on_step(self.step, metrics)
+            if stop and stop.requested and self.checkpoint_step != self.step:
                 self.save_checkpoint()
-            history.append(metrics)
-            if on_step is not None:
-                on_step(self.step, metrics)
+        finally:
+            if stop is not None:
+                stop.listening = False
         return history
 
     def train_step(self) -> dict[str, float]:
@@ -370,7 +417,12 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints and logs
 
     def save_checkpoint(self) -> Path:
-        """Everything needed to continue bit-for-bit, written atomically (`RunDir.save_checkpoint`)."""
+        """Everything needed to continue bit-for-bit, written atomically (`RunDir.save_checkpoint`).
+
+        Only data, so it loads with `weights_only=True`: tensors (weights, optimiser moments, the torch
+        RNG), numpy RNG states as their JSON-compatible dicts, counters as numbers; the predictor's
+        numpy arrays are stored as tensors (`trace_rl.rundir.checkpoint_data`).
+        """
         state = {
             "step": self.step,
             "model": self.model.state_dict(),
@@ -382,11 +434,17 @@ class Trainer:
             "torch_rng": torch.get_rng_state(),
             "totals": dict(self.totals),
         }
-        return self.run_dir.save_checkpoint(state, self.step)
+        path = self.run_dir.save_checkpoint(state, self.step)
+        self.checkpoint_step = self.step
+        return path
 
     def load_checkpoint(self) -> int:
-        """Restore the latest checkpoint and cut `metrics.jsonl` back to it; returns its step."""
-        state = self.run_dir.load_checkpoint()
+        """Restore the newest readable checkpoint (`RunDir.load_checkpoint`); returns its step."""
+        return self.restore(self.run_dir.load_checkpoint())
+
+    def restore(self, state: dict[str, Any]) -> int:
+        """Continue from a loaded checkpoint: every part's state, and the run folder rewound to its step
+        (`RunDir.rewind`: later metrics and trees are made again); returns its step."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.setup.predictor.load_state_dict(state["predictor"])
@@ -397,7 +455,8 @@ class Trainer:
         self.totals = dict(state["totals"])
         self.step = int(state["step"])
         self.setup.engine.update_weights(self.model, version=self.step)
-        self.run_dir.truncate_metrics(self.step)
+        self.run_dir.rewind(self.step)
+        self.checkpoint_step = self.step
         return self.step
 
     def _open_writers(self) -> None:

@@ -6,12 +6,21 @@ paragraph is shown to the model. Two kinds of failure are kept apart (STYLE §5)
 - `ToolError` and its subclasses: the model misused the tool (`ToolInputError`), the tool ran out of
   time (`ToolTimeoutError`) or its backend failed (`ToolUnavailableError`). `run_tool` turns these
   into an error observation, the episode goes on, and the kind is recorded.
-- anything else: our bug. It propagates and stops the run.
+- anything else: a crash, our bug (or a library's) reached by some model output. It is logged with
+  its traceback and recorded as kind "crash" (the model sees a one-line error), not raised: one
+  input among millions must not end a run. A crash is still a bug to fix, never a way to refuse input.
+  The exception: `SETUP_ERRORS` (the machine cannot run the tool at all, whatever the input) raise.
+
+Every tool bounds its own time and output, and the bound is part of its contract: tools that wait
+(the retrieval client, the sandboxed python) have a wall-time limit `timeout_s`; in-process tools
+(the calculator, BM25 search) refuse, before working, input whose cost would be unbounded (a thread
+timeout cannot stop CPU-bound Python, and a clock would make replay depend on load).
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 import time
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -19,7 +28,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from trace_rl.agent.protocol import ANSWER, ToolParam, ToolSpec, check_arguments
+from trace_rl.agent.sandbox import SandboxUnavailable
 from trace_rl.agent.types import Passage, ToolCall
+from trace_rl.config import SandboxConfig
 
 
 class ToolError(Exception):
@@ -46,7 +57,12 @@ class ToolUnavailableError(ToolError):
     kind = "unavailable"
 
 
-ToolErrorKind = Literal["input", "timeout", "unavailable", "error", "unknown_tool", "arguments"]
+ToolErrorKind = Literal["input", "timeout", "unavailable", "error", "unknown_tool", "arguments", "crash"]
+
+logger = logging.getLogger(__name__)
+
+SETUP_ERRORS: tuple[type[Exception], ...] = (SandboxUnavailable,)
+"""Failures of the machine, not of one input: every later call would fail too, so they stop the run."""
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
@@ -125,9 +141,10 @@ class ToolResult:
 
 
 def run_tool(tools: Mapping[str, Tool], call: ToolCall) -> ToolResult:
-    """Run one call. Model mistakes and tool failures come back as a result; our bugs raise.
+    """Run one call. Model mistakes, tool failures and crashes come back as a result (a crash is
+    logged with its traceback and recorded as "crash"); only `SETUP_ERRORS` raise.
 
-    The answer action is not a tool (the env handles it); passing it here is a bug and raises.
+    The answer action is not a tool (the env handles it); passing it here is the caller's bug and raises.
     """
     if call.name == ANSWER:
         raise ValueError("the answer action is handled by the env, not by run_tool")
@@ -143,9 +160,16 @@ def run_tool(tools: Mapping[str, Tool], call: ToolCall) -> ToolResult:
         output = tool.fn(**call.arguments)
     except ToolError as exc:
         return ToolResult(f"error: {call.name}: {exc}", exc.kind, time.perf_counter() - start)  # type: ignore[arg-type]
-    # No `except Exception`: anything else is our bug and must raise.
+    except SETUP_ERRORS:
+        raise
+    except Exception as exc:  # not BaseException: Ctrl-C and SystemExit still stop the run
+        logger.exception("tool %r crashed on arguments %.300r", call.name, call.arguments)
+        detail = f"{type(exc).__name__}: {str(exc)[:200]}"
+        return ToolResult(f"error: {call.name}: the tool crashed ({detail})", "crash", time.perf_counter() - start)
     if not isinstance(output, str):
-        raise TypeError(f"tool {call.name!r} returned {type(output).__name__}, expected str")
+        logger.error("tool %r returned %s, expected str", call.name, type(output).__name__)
+        message = f"error: {call.name}: the tool crashed (it returned {type(output).__name__}, not text)"
+        return ToolResult(message, "crash", time.perf_counter() - start)
     return ToolResult(output, None, time.perf_counter() - start)
 
 
@@ -161,11 +185,13 @@ def build_tools(
     topk: int = 3,
     search_timeout_s: float = 10.0,
     python_timeout_s: float = 5.0,
+    sandbox: SandboxConfig | None = None,
 ) -> dict[str, Tool]:
     """The standard tool registry.
 
     `search` runs BM25 over `corpus` in process, or asks the Search-R1-style retrieval server at
-    `search_url` (exactly one of the two). `python` needs `trace_rl.agent.tools.python_tool`.
+    `search_url` (exactly one of the two). `python` runs code in the sandbox `sandbox` chooses (default:
+    the best level this machine has) and raises `SandboxUnavailable` now when none can run.
     """
     tools: dict[str, Tool] = {}
     for name in names:
@@ -185,7 +211,8 @@ def build_tools(
         elif name == "python":
             from trace_rl.agent.tools.python_tool import python_tool
 
-            tools[name] = python_tool(timeout_s=python_timeout_s)
+            box = sandbox or SandboxConfig()
+            tools[name] = python_tool(timeout_s=python_timeout_s, isolation=box.isolation, interpreter=box.python)
         else:
             raise ValueError(f"unknown tool {name!r} (known: {', '.join(TOOL_NAMES)})")
     return tools

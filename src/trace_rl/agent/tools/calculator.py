@@ -3,7 +3,13 @@
 Allowed: int and float literals, + - * / // % **, unary + and -, parentheses, the constants pi and e,
 and the functions abs, round, min, max, sqrt, floor, ceil, log, exp. Everything else (names,
 attributes, calls of anything else, strings, comparisons, ...) is refused with a message saying what.
-Limits keep one call cheap: expression length, exponent size, result magnitude.
+
+One call is cheap by construction, not by a timer (a thread cannot stop CPU-bound Python, and a clock
+would make replay depend on load): every value, literals included, has at most `MAX_RESULT_DIGITS`
+digits, so + - * / // % take microseconds; the two operations whose work grows with a value rather
+than its size are bounded before they run (the exponent of **, and round's ndigits: `round(1, -10**9)`
+would build 10**(10**9)); nesting is at most `MAX_DEPTH` and the text at most `MAX_EXPRESSION_CHARS`.
+The limits are deterministic, so a replayed episode sees the same observations.
 """
 
 from __future__ import annotations
@@ -18,7 +24,12 @@ from trace_rl.agent.tools import Tool, ToolInputError
 MAX_EXPRESSION_CHARS = 500
 MAX_EXPONENT = 1000
 MAX_RESULT_DIGITS = 100
-"""Integer results above 10**MAX_RESULT_DIGITS are refused (floats: above the float range)."""
+"""Integers above 10**MAX_RESULT_DIGITS are refused, literals and results alike (floats: above the float range)."""
+MAX_NDIGITS = MAX_RESULT_DIGITS
+"""round(x, n) needs |n| <= MAX_NDIGITS: round of an int to -n digits computes 10**n first."""
+MAX_DEPTH = 200
+"""Deepest nesting of operations and calls (a chain 1 + 2 + ... is one level per +): the evaluator
+recurses once per level, so this keeps it far from Python's recursion limit wherever it is called."""
 _MAX_INT = 10**MAX_RESULT_DIGITS
 
 _BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
@@ -61,7 +72,7 @@ def calculate(expression: str) -> str:
         raise ToolInputError(f"not a valid expression: {exc.msg}") from None
     except (ValueError, RecursionError, MemoryError):
         raise ToolInputError("not a valid expression") from None
-    return format_number(_eval(tree.body))
+    return format_number(_eval(tree.body, 0))
 
 
 def format_number(value: float) -> str:
@@ -73,16 +84,18 @@ def format_number(value: float) -> str:
     return format(value, ".12g")
 
 
-def _eval(node: ast.AST) -> float:
+def _eval(node: ast.AST, depth: int) -> float:
+    if depth > MAX_DEPTH:
+        raise ToolInputError(f"expression nested too deeply (at most {MAX_DEPTH} levels)")
     if isinstance(node, ast.Constant):
         if isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
             raise ToolInputError(f"only numbers are allowed, got {node.value!r}")
-        return node.value
+        return _check(node.value)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        value = _eval(node.operand)
+        value = _eval(node.operand, depth + 1)
         return -value if isinstance(node.op, ast.USub) else value
     if isinstance(node, ast.BinOp):
-        left, right = _eval(node.left), _eval(node.right)
+        left, right = _eval(node.left, depth + 1), _eval(node.right, depth + 1)
         if isinstance(node.op, ast.Pow):
             return _check(_power(left, right))
         op = _BINARY.get(type(node.op))
@@ -99,7 +112,7 @@ def _eval(node: ast.AST) -> float:
             return _CONSTANTS[node.id]
         raise ToolInputError(f"unknown name {node.id!r} (known constants: pi, e)")
     if isinstance(node, ast.Call):
-        return _call(node)
+        return _call(node, depth)
     if isinstance(node, ast.Tuple):
         raise ToolInputError("a tuple is not a number; write numbers without thousands separators (1000, not 1,000)")
     if isinstance(node, ast.Attribute):
@@ -107,7 +120,7 @@ def _eval(node: ast.AST) -> float:
     raise ToolInputError(f"{type(node).__name__} is not allowed in an arithmetic expression")
 
 
-def _call(node: ast.Call) -> float:
+def _call(node: ast.Call, depth: int) -> float:
     if isinstance(node.func, ast.Attribute):
         raise ToolInputError("attribute access is not allowed")
     if not isinstance(node.func, ast.Name) or node.func.id not in _FUNCTIONS:
@@ -115,9 +128,13 @@ def _call(node: ast.Call) -> float:
         raise ToolInputError(f"cannot call {what}; functions: {', '.join(_FUNCTIONS)}")
     if node.keywords:
         raise ToolInputError(f"{node.func.id}() takes no keyword arguments")
-    args = [_eval(arg) for arg in node.args]
+    args = [_eval(arg, depth + 1) for arg in node.args]
+    if node.func.id == "round" and len(args) == 2 and isinstance(args[1], int) and abs(args[1]) > MAX_NDIGITS:
+        raise ToolInputError(f"round(): ndigits must be between {-MAX_NDIGITS} and {MAX_NDIGITS}, got {format_number(args[1])}")
     try:
         return _check(_FUNCTIONS[node.func.id](*args))
+    except ToolInputError:  # from _check; a ValueError too, so it must not reach the handler below
+        raise
     except TypeError as exc:
         raise ToolInputError(f"{node.func.id}(): {exc}") from None
     except ValueError:

@@ -9,8 +9,9 @@ status line when something went wrong (exit code, signal, time limit, truncated 
 from __future__ import annotations
 
 import signal
+from typing import Literal
 
-from trace_rl.agent.sandbox import ExecResult, run_python
+from trace_rl.agent.sandbox import ExecResult, check_sandbox, run_python
 from trace_rl.agent.tools import Tool, ToolInputError, ToolTimeoutError
 
 MAX_CODE_CHARS = 20_000
@@ -29,10 +30,17 @@ def python_tool(
     memory_mb: int = 512,
     max_chars: int = 2000,
     site_packages: bool = False,
+    isolation: Literal["auto", "bwrap", "rlimits"] = "auto",
+    interpreter: str | None = None,
 ) -> Tool:
-    """The `python` tool with these limits. `site_packages=True` lets programs import the installed packages."""
+    """The `python` tool with these limits. `site_packages=True` lets programs import the installed packages.
+
+    `isolation` and `interpreter` (`run_python`'s `python`) choose the sandbox. They are checked now, so a machine that
+    cannot run model code fails with `SandboxUnavailable` before any work, not at the first call.
+    """
     if max_chars < 200:
         raise ValueError(f"max_chars must be >= 200, got {max_chars!r}")
+    check_sandbox(isolation, interpreter)
 
     def python(code: str) -> str:
         if not code.strip():
@@ -41,7 +49,7 @@ def python_tool(
             raise ToolInputError(f"program too long ({len(code)} characters; at most {MAX_CODE_CHARS})")
         # Keep only what can be shown (UTF-8 takes at most 4 bytes a character).
         result = run_python(code, timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=4 * max_chars,
-                            site_packages=site_packages)
+                            site_packages=site_packages, isolation=isolation, python=interpreter)
         observation = render_result(result, timeout_s=timeout_s, max_chars=max_chars)
         if result.timed_out:
             raise ToolTimeoutError(observation)

@@ -5,7 +5,15 @@
 
 `POST /retrieve` `{"queries": [...], "topk": 3, "return_scores": true}` ->
 `{"result": [[{"document": {"id": ..., "contents": "\\"Title\\"\\ntext"}, "score": ...}, ...]]}`;
-`GET /health` -> `{"status": "ok", "documents": N}`. Bad requests get HTTP 400 with `{"error": ...}`.
+`GET /health` -> `{"status": "ok", "documents": N}`. `topk` may be left out or null (the server's
+default), else it must be an integer in [1, MAX_TOPK].
+
+Every bad request gets a 4xx status and `{"error": ...}`, then the connection is closed: a body that is
+not JSON, nested too deeply, or not the schema (400), a Content-Length that is missing on a chunked
+body (411), not a number or negative (400) or over MAX_BODY_BYTES (413), a body that does not arrive
+within `timeout_s` (408). A client that stalls while sending its headers is disconnected after
+`timeout_s` of silence, so no client holds a thread for long; the listen backlog holds
+`LISTEN_BACKLOG` connections waiting to be accepted (http.server's default of 5 resets bursts).
 
 In process (tests, notebooks): `with RetrievalServer(passages) as server: RetrievalClient(server.url)`.
 It binds 127.0.0.1 and port 0 (a free port) by default. Standard library only (http.server, threading).
@@ -15,29 +23,67 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import math
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from trace_rl.agent.tools.search import BM25Index, get_index, passage_from_document, retrieve_response
+from trace_rl.agent.tools.search import (
+    BM25Index,
+    get_index,
+    passage_from_document,
+    retrieve_response,
+)
 from trace_rl.agent.types import Passage
 
 MAX_QUERIES = 1024
 MAX_TOPK = 1000
 MAX_BODY_BYTES = 10 * 1024 * 1024
+LISTEN_BACKLOG = 512
+"""Connections the kernel queues before the server accepts them (capped by net.core.somaxconn)."""
+
+logger = logging.getLogger(__name__)
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    request_queue_size = LISTEN_BACKLOG
+    daemon_threads = True
+
+
+class _BadRequest(Exception):
+    """A request answered with `status` and a JSON error, after which the connection is closed."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class RetrievalServer:
     """Serves one corpus over HTTP in a background thread until `close()`."""
 
-    def __init__(self, passages: Sequence[Passage] | BM25Index, *, host: str = "127.0.0.1", port: int = 0, default_topk: int = 3) -> None:
+    def __init__(
+        self,
+        passages: Sequence[Passage] | BM25Index,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        default_topk: int = 3,
+        timeout_s: float = 10.0,
+    ) -> None:
+        """`timeout_s`: how long a client may stay silent, and how long its whole body may take."""
+        if not 1 <= default_topk <= MAX_TOPK:
+            raise ValueError(f"default_topk must be in [1, {MAX_TOPK}], got {default_topk!r}")
+        if not 0 < timeout_s < math.inf:
+            raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s!r}")
         self.index = passages if isinstance(passages, BM25Index) else get_index(passages)
         self.default_topk = default_topk
-        self._httpd = ThreadingHTTPServer((host, port), _make_handler(self))
-        self._httpd.daemon_threads = True
+        self.timeout_s = timeout_s
+        self._httpd = _HTTPServer((host, port), _make_handler(self))
         self._thread: threading.Thread | None = None
 
     @property
@@ -81,7 +127,8 @@ class RetrievalServer:
             raise ValueError("'queries' must be a list of strings")
         if len(queries) > MAX_QUERIES:
             raise ValueError(f"at most {MAX_QUERIES} queries per request, got {len(queries)}")
-        topk = payload.get("topk") or self.default_topk
+        topk = payload.get("topk")
+        topk = self.default_topk if topk is None else topk  # not `or`: 0 is a value, and a wrong one
         if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= MAX_TOPK:
             raise ValueError(f"'topk' must be an integer in [1, {MAX_TOPK}], got {topk!r}")
         return_scores = payload.get("return_scores", False)
@@ -93,23 +140,33 @@ class RetrievalServer:
 def _make_handler(server: RetrievalServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = server.timeout_s  # each read of the socket; `_body` bounds the whole body
 
         def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-            if self.path.rstrip("/") != "/retrieve":
-                self._send(404, {"error": f"unknown path {self.path!r}; use POST /retrieve"})
-                return
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY_BYTES:
-                self._send(413, {"error": f"body larger than {MAX_BODY_BYTES} bytes"})
-                return
             try:
-                payload = json.loads(self.rfile.read(length) or b"null")
-                reply = server.handle(payload)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                self._send(400, {"error": f"invalid JSON: {exc}"})
+                if self.path.rstrip("/") != "/retrieve":
+                    raise _BadRequest(404, f"unknown path {self.path!r}; use POST /retrieve")
+                try:
+                    payload = json.loads(self._body() or b"null")
+                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                    raise _BadRequest(400, f"invalid JSON: {exc}") from None
+                except RecursionError:
+                    raise _BadRequest(400, "invalid JSON: nested too deeply") from None
+                try:
+                    reply = server.handle(payload)
+                except ValueError as exc:
+                    raise _BadRequest(400, str(exc)) from None
+            except _BadRequest as exc:
+                self.close_connection = True  # the rest of a refused body is never read
+                self._send(exc.status, {"error": str(exc)})
                 return
-            except ValueError as exc:
-                self._send(400, {"error": str(exc)})
+            except ConnectionError:  # the client went away mid-request: nobody to answer
+                self.close_connection = True
+                return
+            except Exception:  # our bug: answer it, log it, keep serving
+                logger.exception("retrieval server: request failed")
+                self.close_connection = True
+                self._send(500, {"error": "internal error (see the server's log)"})
                 return
             self._send(200, reply)
 
@@ -119,13 +176,56 @@ def _make_handler(server: RetrievalServer) -> type[BaseHTTPRequestHandler]:
             else:
                 self._send(404, {"error": f"unknown path {self.path!r}; use POST /retrieve or GET /health"})
 
+        def _body(self) -> bytes:
+            """The request body, read in at most `timeout_s` however slowly the client sends it."""
+            lengths = self.headers.get_all("Content-Length") or []
+            if not lengths:
+                if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                    raise _BadRequest(411, "a chunked body is not supported; send Content-Length")
+                return b""
+            text = lengths[0].strip()
+            if len(set(lengths)) > 1 or not (text.isascii() and text.isdigit()):
+                raise _BadRequest(400, f"Content-Length must be one non-negative integer, got {', '.join(lengths)!r}")
+            length = int(text)
+            if length > MAX_BODY_BYTES:
+                raise _BadRequest(413, f"body larger than {MAX_BODY_BYTES} bytes")
+            deadline = time.monotonic() + server.timeout_s
+            chunks, left = [], length
+            try:
+                while left:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise TimeoutError
+                    self.connection.settimeout(remaining)
+                    chunk = self.rfile.read1(min(left, 1 << 16))
+                    if not chunk:
+                        raise ConnectionError("the client closed the connection before sending its body")
+                    chunks.append(chunk)
+                    left -= len(chunk)
+            except TimeoutError:
+                raise _BadRequest(408, f"the body did not arrive within {server.timeout_s:g}s "
+                                       f"({length - left} of {length} bytes)") from None
+            finally:
+                self.connection.settimeout(server.timeout_s)
+            return b"".join(chunks)
+
         def _send(self, status: int, body: dict[str, Any]) -> None:
             data = json.dumps(body, ensure_ascii=False).encode("utf-8")
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                if self.close_connection:
+                    self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(data)
+            except OSError:  # the client is gone (or stalled past the timeout while we wrote)
+                self.close_connection = True
+
+        def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+            """http.server's own refusals (bad request line, headers too long, unknown method) as JSON too."""
+            self.close_connection = True
+            self._send(code, {"error": message or self.responses.get(code, ("error",))[0]})
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (quiet by default)
             return
@@ -156,6 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--topk", type=int, default=3, help="default topk when a request gives none")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds a client may stay silent or take to send a body")
     args = parser.parse_args(argv)
     if args.taskset:
         from trace_rl.agent.tasks import load_taskset
@@ -164,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         passages = load_taskset(args.taskset, seed=args.seed, **kwargs).corpus
     else:
         passages = load_corpus_jsonl(args.corpus)
-    server = RetrievalServer(passages, host=args.host, port=args.port, default_topk=args.topk)
+    server = RetrievalServer(passages, host=args.host, port=args.port, default_topk=args.topk, timeout_s=args.timeout)
     print(json.dumps({"url": server.url, "documents": len(passages)}), flush=True)
     try:
         server.serve_forever()

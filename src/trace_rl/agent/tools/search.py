@@ -16,12 +16,13 @@ The server schema (Search-R1's `retrieval_server.py`, verl's `search_r1_like_uti
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
+import socket
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,6 +36,10 @@ from trace_rl.agent.types import Passage
 TOKEN_PATTERN = r"(?u)\b\w+\b"
 """Single characters and digits are tokens too (bm25s's default drops them): '7', 'X' matter in our tasks."""
 NO_RESULTS = "No results found."
+MAX_QUERY_CHARS = 1000
+"""Longer queries are refused before any work (BM25 and the server take time linear in the query)."""
+MAX_REPLY_BYTES = 8 * 2**20
+"""A retrieval server reply larger than this is refused unread: topk passages are far smaller."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,8 @@ def _check_query(query: str) -> str:
     query = query.strip()
     if not query:
         raise ToolInputError("empty query")
+    if len(query) > MAX_QUERY_CHARS:
+        raise ToolInputError(f"query too long ({len(query)} characters; at most {MAX_QUERY_CHARS})")
     return query
 
 
@@ -162,8 +169,10 @@ class RetrievalClient:
 
     `url` is the full endpoint (e.g. `http://127.0.0.1:8000/retrieve`); a bare `http://host:port`
     gets `/retrieve` appended. Server errors, timeouts and malformed replies raise `ToolError`
-    subclasses, which the env shows the model as error observations. Connection errors and 5xx
-    replies are retried `retries` times with a short backoff.
+    subclasses, which the env shows the model as error observations. Connection errors, broken
+    replies and 5xx are retried `retries` times with a short backoff, timeouts at once.
+    `timeout_s` bounds each attempt as a whole (connect, send, every read), not each socket read,
+    so a server that trickles its reply cannot stretch a call; replies over `MAX_REPLY_BYTES` are refused.
     """
 
     def __init__(self, url: str, *, topk: int = 3, timeout_s: float = 10.0, retries: int = 2) -> None:
@@ -196,33 +205,77 @@ class RetrievalClient:
         return Hit(passage_from_document(item), 0.0)
 
     def _post(self, body: bytes) -> Any:
-        request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"}, method="POST")
         for attempt in range(self.retries + 1):
             retry = attempt < self.retries
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    raw = response.read()
-                break
-            except urllib.error.HTTPError as exc:
-                detail = exc.read()[:200].decode("utf-8", "replace")
-                if exc.code >= 500 and retry:
-                    time.sleep(0.2 * (attempt + 1))
+                status, raw = self._exchange(body)
+            except TimeoutError:
+                if retry:
                     continue
-                raise ToolUnavailableError(f"retrieval server at {self.url} answered HTTP {exc.code}: {detail}") from None
-            except (TimeoutError, OSError) as exc:
-                reason = getattr(exc, "reason", exc)
-                if isinstance(reason, TimeoutError) or isinstance(exc, TimeoutError):
-                    if retry:
-                        continue
-                    raise ToolTimeoutError(f"retrieval server at {self.url} did not answer within {self.timeout_s:g}s") from None
+                raise ToolTimeoutError(f"retrieval server at {self.url} did not answer within {self.timeout_s:g}s") from None
+            except (OSError, http.client.HTTPException) as exc:  # refused, reset, cut short, not HTTP
                 if retry:
                     time.sleep(0.2 * (attempt + 1))
                     continue
-                raise ToolUnavailableError(f"cannot reach retrieval server at {self.url}: {reason}") from None
+                raise ToolUnavailableError(f"cannot reach retrieval server at {self.url}: {type(exc).__name__}: {exc}") from None
+            if status >= 500 and retry:
+                time.sleep(0.2 * (attempt + 1))
+                continue
+            if not 200 <= status < 300:
+                detail = raw[:200].decode("utf-8", "replace")
+                raise ToolUnavailableError(f"retrieval server at {self.url} answered HTTP {status}: {detail}")
+            break
+        if len(raw) > MAX_REPLY_BYTES:
+            raise ToolUnavailableError(f"retrieval server at {self.url} sent a reply over {MAX_REPLY_BYTES} bytes")
         try:
             return json.loads(raw)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             raise ToolUnavailableError(f"retrieval server at {self.url} sent invalid JSON: {raw[:200]!r}") from None
+
+    def _exchange(self, body: bytes) -> tuple[int, bytes]:
+        """One POST: (status, at most MAX_REPLY_BYTES + 1 bytes of body), all within `timeout_s`.
+
+        A socket timeout bounds one read, so a watchdog shuts the socket down at the deadline,
+        which wakes any blocked read; raises TimeoutError when it fired.
+        """
+        parts = urllib.parse.urlsplit(self.url)
+        connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        conn = connection_class(parts.hostname, parts.port, timeout=self.timeout_s)
+        expired = threading.Event()
+        opened: list[socket.socket] = []  # conn.sock goes None once the response owns the socket
+
+        def expire() -> None:
+            expired.set()  # before reading `opened`: see the check after connect()
+            for sock in opened:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        watchdog = threading.Timer(self.timeout_s, expire)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            conn.connect()
+            opened.append(conn.sock)
+            if expired.is_set():  # fired before the socket existed
+                raise TimeoutError
+            path = parts.path + (f"?{parts.query}" if parts.query else "")
+            conn.request("POST", path, body, {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            status, raw = response.status, response.read(MAX_REPLY_BYTES + 1)
+            if expired.is_set():  # a reply without Content-Length ends at the shutdown as if complete
+                raise TimeoutError
+            if response.length and len(raw) <= MAX_REPLY_BYTES:  # read(n) returns a cut body without complaint
+                raise http.client.IncompleteRead(raw, response.length)
+            return status, raw
+        except (OSError, http.client.HTTPException) as exc:
+            if expired.is_set() or isinstance(exc, TimeoutError):
+                raise TimeoutError from exc
+            raise
+        finally:
+            watchdog.cancel()
+            conn.close()
 
     def search(self, query: str) -> str:
         """Search the knowledge base and return the most relevant passages with their titles."""

@@ -1,0 +1,239 @@
+"""Run folders under kills, signals, re-runs, changed resumes and damaged checkpoints (issue 12, class 4).
+
+The CLI tests run the real `trace-rl train` / `eval` on configs/smoke.yaml in subprocesses; one
+module-wide cache holds the smoke warm start, made once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from test_train import metrics_without_timing, scripted_parts, small_config
+
+from trace_rl.run import build_trainer
+from trace_rl.rundir import RunDir, RunDirError, RunDirWarning, atomic_write
+from trace_rl.train.trainer import StopRequest
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = ["train.eval_every=0", "rollout.budget=8", "prompts_per_step=2", "task.test_tasks=2"]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory) -> dict[str, str]:
+    cache = tmp_path_factory.mktemp("cache")
+    return {**os.environ, "TRACE_RL_CACHE": str(cache), "PYTHONPATH": str(REPO / "src")}
+
+
+def trace_rl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trace_rl", *args], check=False, env=env, capture_output=True, text=True, timeout=900)
+
+
+def train_args(out: Path, *overrides: str) -> list[str]:
+    return ["train", "--config", str(REPO / "configs" / "smoke.yaml"), "--out", str(out), *SMALL, *overrides]
+
+
+def start(env: dict[str, str], *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "trace_rl", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_steps(process: subprocess.Popen, run_dir: Path, steps: int) -> None:
+    """Until `metrics.jsonl` has `steps` lines (the process must still be running)."""
+    deadline = time.monotonic() + 600
+    while not (run_dir / "metrics.jsonl").exists() or len((run_dir / "metrics.jsonl").read_text().splitlines()) < steps:
+        assert process.poll() is None, f"the run ended before step {steps}: {process.communicate()[1][-2000:]}"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def logged_steps(run_dir: Path) -> list[int]:
+    """The `step` of every line of metrics.jsonl, as the file holds them (no deduplication)."""
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def unbroken(env, tmp_path_factory) -> Path:
+    """A finished 3-step smoke run with a checkpoint after every step (step_0002.pt and step_0003.pt kept)."""
+    run_dir = tmp_path_factory.mktemp("unbroken") / "run"
+    result = trace_rl(env, *train_args(run_dir, "train.steps=3", "train.checkpoint_every=1"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def copy_of(run_dir: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(run_dir, tmp_path / "copy"))
+
+
+# ---------------------------------------------------------------- through the CLI
+
+
+def test_a_run_killed_before_its_first_checkpoint_is_resumed_never_appended_to(env, unbroken, tmp_path):
+    killed = tmp_path / "killed"
+    process = start(env, *train_args(killed, "train.steps=3", "train.checkpoint_every=10"))
+    wait_for_steps(process, killed, 2)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (killed / "checkpoints").exists() and logged_steps(killed) == [1, 2]
+
+    again = trace_rl(env, *train_args(killed, "train.steps=3", "train.checkpoint_every=10"))
+    assert again.returncode == 2 and "--resume" in again.stderr and "Traceback" not in again.stderr
+    assert logged_steps(killed) == [1, 2], "a refused re-run must leave the folder as it was"
+
+    resumed = trace_rl(env, "train", "--resume", str(killed))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "warning" in resumed.stderr and "no checkpoint yet" in resumed.stderr
+    assert logged_steps(killed) == [1, 2, 3]
+    assert metrics_without_timing(killed) == metrics_without_timing(unbroken)
+
+
+def test_resume_keeps_the_earlier_config_and_refuses_changes_to_what_the_run_is(env, unbroken, tmp_path):
+    run_dir = copy_of(unbroken, tmp_path)
+    original = (run_dir / "config.yaml").read_text()
+
+    refused = trace_rl(env, "train", "--resume", str(run_dir), "rollout.budget=4")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "rollout.budget=4" in refused.stderr and "trained with 8" in refused.stderr
+    assert (run_dir / "config.yaml").read_text() == original and not list(run_dir.glob("config.step_*"))
+
+    longer = trace_rl(env, "train", "--resume", str(run_dir), "train.steps=4")
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    assert "config.step_0003.yaml" in longer.stderr and "train.steps=4 (was 3)" in longer.stderr
+    assert (run_dir / "config.step_0003.yaml").read_text() == original
+    assert "steps: 4" in (run_dir / "config.yaml").read_text()
+    assert logged_steps(run_dir) == [1, 2, 3, 4]
+
+
+def test_a_cut_short_or_empty_latest_checkpoint_falls_back_to_the_previous_one(env, unbroken, tmp_path):
+    run_dir = copy_of(unbroken, tmp_path)
+    latest = run_dir / "checkpoints" / "step_0003.pt"
+    assert (run_dir / "checkpoints" / "latest").read_text() == latest.name
+    data = latest.read_bytes()
+    latest.write_bytes(data[: len(data) // 2])
+
+    evaluated = trace_rl(env, "eval", str(run_dir), "--samples", "1")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert json.loads(evaluated.stdout.strip().splitlines()[-1])["step"] == 2
+    warning = next(line for line in evaluated.stderr.splitlines() if "warning" in line)
+    assert "step_0003.pt" in warning and "cut short" in warning and "step_0002.pt" in warning
+
+    latest.write_bytes(b"")
+    resumed = trace_rl(env, "train", "--resume", str(run_dir))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "step_0003.pt (empty)" in resumed.stderr and "step_0002.pt" in resumed.stderr
+    assert metrics_without_timing(run_dir) == metrics_without_timing(unbroken)
+
+
+def test_sigint_stops_at_the_step_boundary_with_a_checkpoint_and_exit_130(env, tmp_path):
+    run_dir = tmp_path / "run"
+    process = start(env, *train_args(run_dir, "train.steps=4", "train.checkpoint_every=100"))
+    wait_for_steps(process, run_dir, 1)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("trace-rl train: stopped by SIGINT after step") and f"trace-rl train --resume {run_dir}" in last
+    done = logged_steps(run_dir)
+    assert done == list(range(1, len(done) + 1)) and len(done) < 4
+    assert list(RunDir(run_dir).checkpoint_files()) == [done[-1]], "the step it stopped after is checkpointed"
+
+    resumed = trace_rl(env, "train", "--resume", str(run_dir))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert logged_steps(run_dir) == [1, 2, 3, 4]
+
+
+def test_a_second_sigterm_stops_at_once_leaving_the_last_checkpoint_and_exit_143(env, tmp_path):
+    run_dir = tmp_path / "run"
+    process = start(env, *train_args(run_dir, "train.steps=6", "train.checkpoint_every=1"))
+    wait_for_steps(process, run_dir, 1)
+    latest = run_dir / "checkpoints" / "latest"
+    while not (latest.exists() and latest.read_text() == "step_0001.pt"):
+        assert process.poll() is None
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 143, stderr[-3000:]
+    assert "Traceback" not in stderr
+    last = stderr.strip().splitlines()[-1]
+    assert "stopped by SIGTERM at once" in last and "the last checkpoint is step" in last and "--resume" in last
+    assert RunDir(run_dir).load_checkpoint()["step"] == max(RunDir(run_dir).checkpoint_files())
+    assert not [p.name for p in run_dir.rglob(".*tmp*")], "an interrupted write leaves no temporary file"
+
+
+# ---------------------------------------------------------------- in process
+
+
+def test_a_stop_request_checkpoints_the_step_it_ends_on_and_resumes_to_the_same_metrics(tmp_path):
+    cache = tmp_path / "cache"
+    config = small_config(steps=4, checkpoint_every=10)
+    unbroken = build_trainer(config, scripted_parts(config, cache), tmp_path / "unbroken")
+    unbroken.run()
+
+    stop = StopRequest()
+    first = build_trainer(config, scripted_parts(config, cache), tmp_path / "stopped")
+    train_step = first.train_step
+
+    def step_with_a_signal_during_step_2() -> dict[str, float]:
+        metrics = train_step()
+        if first.step == 2:
+            assert stop.listening
+            stop.signal = signal.SIGINT  # what the CLI's handler does while the loop listens
+        return metrics
+
+    first.train_step = step_with_a_signal_during_step_2
+    first.run(stop=stop)
+    assert first.step == 2 and list(RunDir(tmp_path / "stopped").checkpoint_files()) == [2] and not stop.listening
+    resumed = build_trainer(config, scripted_parts(config, cache), tmp_path / "stopped")
+    assert resumed.load_checkpoint() == 2
+    resumed.run()
+    assert metrics_without_timing(tmp_path / "stopped") == metrics_without_timing(tmp_path / "unbroken")
+    for a, b in zip(unbroken.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_loading_skips_a_cut_short_checkpoint_but_never_a_refused_one(tmp_path):
+    run = RunDir(tmp_path)
+    for step in (1, 2):
+        run.save_checkpoint({"step": step}, step)
+    newest = run.checkpoint_path(2)
+    newest.write_bytes(newest.read_bytes()[:-20])
+    with pytest.warns(RunDirWarning, match=r"step_0002\.pt \(cut short.*using step_0001\.pt"):
+        assert run.load_checkpoint()["step"] == 1
+
+    torch.save({"step": 2, "code": print}, newest)  # complete, but not data: refused, not skipped
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RunDirError, match=r"step_0002\.pt is not plain data \(it would call \S*print\)"):
+            run.load_checkpoint()
+
+
+def test_checkpoints_are_kept_by_step_number_past_step_9999(tmp_path):
+    run = RunDir(tmp_path)
+    for step in (9998, 9999, 10000):
+        run.save_checkpoint({"step": step}, step)
+    assert sorted(p.name for p in run.checkpoints_dir.glob("step_*.pt")) == ["step_10000.pt", "step_9999.pt"]
+    assert run.load_checkpoint()["step"] == 10000
+
+
+def test_an_interrupted_write_leaves_the_old_file_and_no_temporary_one(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("old")
+
+    def interrupted(tmp: str) -> None:
+        Path(tmp).write_text("half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(path, interrupted)
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
