@@ -205,3 +205,16 @@ def test_with_the_prefix_cache_a_batch_prefills_little_more_than_its_prompts_and
     needed = prompts + cached.stats["rollout/tokens_observation"]
     assert plain.stats["rollout/tokens_prefill"] > 2 * needed  # without the cache every turn re-prefills its history
     assert cached.stats["rollout/tokens_prefill"] <= 1.5 * needed
+
+
+def test_sample_keeps_at_most_a_wave_of_rollouts_in_flight_and_returns_one_tree_per_task(world, monkeypatch):
+    import trace_rl.rollout as rollout
+
+    taskset, env, tokenizer, turns = world
+    monkeypatch.setattr(rollout, "SAMPLE_WAVE", 6)
+    engine = ScriptedEngine(tokenizer, turns)
+    collector = TreeRolloutCollector(engine, tokenizer, env, HashedNgramPredictor(), RolloutConfig(max_new_tokens=32))
+    trees = collector.sample(taskset.tasks[:7], 3)
+    assert [t.task_id for t in trees] == [t.task_id for t in taskset.tasks[:7]]
+    assert all(t.leaves().size == 3 and t.root.budget == 3 for t in trees)
+    assert max(prompts * n for prompts, n in engine.calls) <= 6  # two tasks x 3 samples per wave
