@@ -62,7 +62,7 @@ def readme_section(results: Path, repo: Path = REPO) -> str:
             "",
             about,
             "",
-            f"`{(folder / 'command.txt').read_text().strip()}` ({steps} steps; files: `{folder.relative_to(repo).as_posix()}/`)",
+            f"`{(folder / 'command.txt').read_text().splitlines()[0]}` ({steps} steps; files: `{folder.relative_to(repo).as_posix()}/`)",
             "",
             summary_table(summary),
         ]
