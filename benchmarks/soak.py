@@ -50,7 +50,13 @@ def main(argv: list[str] | None = None) -> dict:
     curve: list[float] = []
     with tempfile.TemporaryDirectory() as folder:
         trainer = build_trainer(config, parts, Path(folder))
-        trainer.run(on_step=lambda step, metrics: curve.append(round(rss_mib(), 1)))
+        step_times: list[float] = []
+
+        def record(step: int, metrics: dict[str, float]) -> None:
+            curve.append(round(rss_mib(), 1))
+            step_times.append(metrics["timing_s/step"])
+
+        trainer.run(on_step=record)
         steps = [int(record["step"]) for record in read_metrics(Path(folder) / "metrics.jsonl")]
     after = curve[args.warmup :]
     growth = (max(after) - min(after)) / after[0]
@@ -65,6 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
         "rss_growth_after_warmup": round(growth, 4),
         "rss_flat": growth <= args.tolerance,
         "one_metrics_line_per_step": steps == list(range(1, args.steps + 1)),
+        "step_s_mean_after_warmup": round(sum(step_times[args.warmup :]) / len(after), 3),
     }
     print(json.dumps(result))
     return result
