@@ -145,9 +145,10 @@ def summarise(out: Path, config: CompareConfig) -> dict[str, Any]:
         if not by_seed:
             continue
         runs = list(by_seed.values())
-        final = np.array([_last(r, acc_key) for r in runs])
+        final_by_seed = {seed: _last(r, acc_key) for seed, r in by_seed.items()}
+        final = np.array(list(final_by_seed.values()))
         eval_se = [_last(r, f"{acc_key}_se") for r in runs]
-        gains = np.array([_last(r, acc_key) - start_by_seed[seed] for seed, r in by_seed.items() if seed in start_by_seed])
+        gains = np.array([acc - start_by_seed[seed] for seed, acc in final_by_seed.items() if seed in start_by_seed])
         methods[method] = {
             "effective_ratio": _mean_over_steps(runs, "tree/effective_ratio"),
             "effective_per_candidate": _mean_over_steps(runs, "tree/effective_per_candidate"),
