@@ -23,7 +23,8 @@ Seeds: vLLM seeds the j-th of n samples with `seed + j`; the r-th repeat of an i
 within one call gets `seed + r * n`, so repeats differ, as in the `hf` engine.
 
 Failures: every attempt at a request must end within `timeout_s`, from connecting to the reply's
-last byte (a watchdog cuts the socket at the deadline, so a server trickling bytes cannot stretch it).
+last byte (`trace_rl.http_deadline.exchange`: a timer cuts the socket at the deadline, so a server
+trickling bytes cannot stretch it).
 What may pass by itself is retried `retries` times, waiting `retry_wait_s`, 2x, 4x, ... (a 429's
 `Retry-After`, up to `timeout_s`, when longer): refused or reset connections, a server closing the
 connection before or while answering (a reply shorter than its Content-Length included), a missed
@@ -33,8 +34,8 @@ integers of the vocabulary, choice indices that are not 0..n-1 once each, and, w
 known, text that is not what the token ids decode to). A request thus returns or raises within about
 `(retries + 1) * timeout_s` plus the waits.
 
-HTTP uses the standard library only (`http.client`, servers are reached directly, without proxies),
-one thread per request in flight.
+HTTP uses the standard library only (servers are reached directly, without proxies), one thread per
+request in flight.
 """
 
 from __future__ import annotations
@@ -44,15 +45,15 @@ import http.client
 import json
 import math
 import re
-import socket
 import ssl
-import threading
 import time
 import urllib.parse
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from trace_rl.http_deadline import exchange
 
 from .base import (
     Completion,
@@ -221,7 +222,8 @@ class OpenAIEngine:
         for attempt in range(self.retries + 1):
             wait = self.retry_wait_s * 2**attempt
             try:
-                status, retry_after, raw = _exchange(url + path, data, headers, self.timeout_s)
+                reply = exchange(url + path, data, headers, self.timeout_s, max_error_bytes=_MAX_ERROR_BYTES)
+                status, retry_after, raw = reply.status, _retry_after(reply.retry_after), reply.body
             except TimeoutError:
                 failure = f"did not answer within timeout_s={self.timeout_s:g}"
             except ssl.SSLCertVerificationError as exc:  # will not pass by itself
@@ -243,47 +245,6 @@ class OpenAIEngine:
                 time.sleep(wait)
         elapsed = time.monotonic() - start
         raise EngineError(f"{url}{path} {failure} ({self.retries + 1} attempts in {elapsed:.1f}s)")
-
-
-def _exchange(url: str, data: bytes | None, headers: dict[str, str], timeout_s: float) -> tuple[int, float | None, bytes]:
-    """One HTTP exchange (POST with `data`, else GET) that ends within `timeout_s` of its start.
-
-    Returns (status, Retry-After seconds or None, body; at most `_MAX_ERROR_BYTES` of an error's). A
-    socket's own timeout bounds each read, not their sum, so a timer shuts the socket down at the
-    deadline; whatever that interrupts is raised as TimeoutError.
-    """
-    parts = urllib.parse.urlsplit(url)
-    connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    connection = connection_class(parts.hostname or "", parts.port, timeout=timeout_s)
-    expired = threading.Event()
-
-    def cut() -> None:
-        expired.set()
-        sock = connection.sock
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    timer = threading.Timer(timeout_s, cut)
-    timer.daemon = True
-    timer.start()
-    try:
-        target = parts.path + (f"?{parts.query}" if parts.query else "")
-        connection.request("GET" if data is None else "POST", target, body=data, headers=headers)
-        answer = connection.getresponse()
-        raw = answer.read() if answer.status == 200 else answer.read(_MAX_ERROR_BYTES)
-        if expired.is_set():
-            raise TimeoutError(f"no complete reply within {timeout_s:g}s")
-        return answer.status, _retry_after(answer.getheader("Retry-After")), raw
-    except (OSError, http.client.HTTPException) as exc:
-        if expired.is_set():
-            raise TimeoutError(f"no complete reply within {timeout_s:g}s") from exc
-        raise
-    finally:
-        timer.cancel()
-        connection.close()
 
 
 def _connection_failure(exc: BaseException) -> str:

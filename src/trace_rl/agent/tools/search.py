@@ -19,10 +19,8 @@ from __future__ import annotations
 import http.client
 import json
 import re
-import socket
 import threading
 import time
-import urllib.parse
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,8 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from trace_rl.agent.tools import Tool, ToolInputError, ToolTimeoutError, ToolUnavailableError
+from trace_rl.agent.tools import (
+    Tool,
+    ToolInputError,
+    ToolTimeoutError,
+    ToolUnavailableError,
+)
 from trace_rl.agent.types import Passage
+from trace_rl.http_deadline import exchange
 
 TOKEN_PATTERN = r"(?u)\b\w+\b"
 """Single characters and digits are tokens too (bm25s's default drops them): '7', 'X' matter in our tasks."""
@@ -233,49 +237,13 @@ class RetrievalClient:
             raise ToolUnavailableError(f"retrieval server at {self.url} sent invalid JSON: {raw[:200]!r}") from None
 
     def _exchange(self, body: bytes) -> tuple[int, bytes]:
-        """One POST: (status, at most MAX_REPLY_BYTES + 1 bytes of body), all within `timeout_s`.
-
-        A socket timeout bounds one read, so a watchdog shuts the socket down at the deadline,
-        which wakes any blocked read; raises TimeoutError when it fired.
-        """
-        parts = urllib.parse.urlsplit(self.url)
-        connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        conn = connection_class(parts.hostname, parts.port, timeout=self.timeout_s)
-        expired = threading.Event()
-        opened: list[socket.socket] = []  # conn.sock goes None once the response owns the socket
-
-        def expire() -> None:
-            expired.set()  # before reading `opened`: see the check after connect()
-            for sock in opened:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-        watchdog = threading.Timer(self.timeout_s, expire)
-        watchdog.daemon = True
-        watchdog.start()
-        try:
-            conn.connect()
-            opened.append(conn.sock)
-            if expired.is_set():  # fired before the socket existed
-                raise TimeoutError
-            path = parts.path + (f"?{parts.query}" if parts.query else "")
-            conn.request("POST", path, body, {"Content-Type": "application/json"})
-            response = conn.getresponse()
-            status, raw = response.status, response.read(MAX_REPLY_BYTES + 1)
-            if expired.is_set():  # a reply without Content-Length ends at the shutdown as if complete
-                raise TimeoutError
-            if response.length and len(raw) <= MAX_REPLY_BYTES:  # read(n) returns a cut body without complaint
-                raise http.client.IncompleteRead(raw, response.length)
-            return status, raw
-        except (OSError, http.client.HTTPException) as exc:
-            if expired.is_set() or isinstance(exc, TimeoutError):
-                raise TimeoutError from exc
-            raise
-        finally:
-            watchdog.cancel()
-            conn.close()
+        """One POST: (status, at most MAX_REPLY_BYTES + 1 bytes of body), all within `timeout_s`
+        (`trace_rl.http_deadline`); a body cut short raises IncompleteRead, which is retried."""
+        limit = MAX_REPLY_BYTES + 1
+        reply = exchange(self.url, body, {"Content-Type": "application/json"}, self.timeout_s, max_bytes=limit, max_error_bytes=limit)
+        if reply.missing:
+            raise http.client.IncompleteRead(reply.body, reply.missing)
+        return reply.status, reply.body
 
     def search(self, query: str) -> str:
         """Search the knowledge base and return the most relevant passages with their titles."""
