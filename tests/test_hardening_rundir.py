@@ -171,6 +171,59 @@ def test_a_second_sigterm_stops_at_once_leaving_the_last_checkpoint_and_exit_143
     assert not [p.name for p in run_dir.rglob(".*tmp*")], "an interrupted write leaves no temporary file"
 
 
+def compare_config(tmp_path: Path) -> Path:
+    """Two methods on one seed, two workers, on configs/smoke.yaml's run (no starting-policy evaluation)."""
+    import yaml
+
+    run = yaml.safe_load((REPO / "configs" / "smoke.yaml").read_text())
+    run["rollout"]["budget"], run["prompts_per_step"], run["task"]["test_tasks"] = 8, 2, 2
+    run["train"].update(steps=6, eval_every=0, checkpoint_every=100)
+    path = tmp_path / "compare.yaml"
+    path.write_text(yaml.safe_dump({"methods": ["grpo", "trace"], "seeds": [0], "workers": 2, "evaluate_start": False, "run": run}))
+    return path
+
+
+def test_ctrl_c_stops_a_parallel_compare_after_each_runs_step_and_the_same_command_continues(env, tmp_path):
+    out, config = tmp_path / "cmp", compare_config(tmp_path)
+    args = ["compare", "--config", str(config), "--out", str(out)]
+    process = subprocess.Popen([sys.executable, "-m", "trace_rl", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)  # its own process group, as a terminal's job is
+    wait_for_steps(process, out / "grpo" / "seed_0", 1)
+    wait_for_steps(process, out / "trace" / "seed_0", 1)
+    os.killpg(process.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group, workers included
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("trace-rl compare: stopped by SIGINT") and f"--out {out}" in last
+    assert not (out / "summary.json").exists()
+    for method in ("grpo", "trace"):
+        done = logged_steps(out / method / "seed_0")
+        assert done == list(range(1, len(done) + 1)) and len(done) < 6, (method, done)
+        assert list(RunDir(out / method / "seed_0").checkpoint_files()) == [done[-1]], f"{method} is checkpointed where it stopped"
+
+    again = trace_rl(env, *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert logged_steps(out / "grpo" / "seed_0") == logged_steps(out / "trace" / "seed_0") == [1, 2, 3, 4, 5, 6]
+    assert set(json.loads((out / "summary.json").read_text())["methods"]) == {"grpo", "trace"}
+
+
+def test_a_second_sigterm_stops_a_parallel_compare_at_once_and_exit_143(env, tmp_path):
+    out = tmp_path / "cmp"
+    process = start(env, "compare", "--config", str(compare_config(tmp_path)), "--out", str(out))
+    wait_for_steps(process, out / "grpo" / "seed_0", 1)
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 143, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert "stopped by SIGTERM at once" in stderr.strip().splitlines()[-1]
+    for method in ("grpo", "trace"):
+        steps = logged_steps(out / method / "seed_0") if (out / method / "seed_0" / "metrics.jsonl").exists() else []
+        assert steps == list(range(1, len(steps) + 1)) and len(steps) < 6
+
+
 # ---------------------------------------------------------------- in process
 
 

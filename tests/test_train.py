@@ -19,7 +19,7 @@ from trace_rl.models import TinyConfig, load_policy
 from trace_rl.rollout import TreeRolloutCollector
 from trace_rl.run import Parts, RunConfig, build_env, build_predictor, build_trainer
 from trace_rl.rundir import RunDir
-from trace_rl.train.trainer import held_out_accuracy
+from trace_rl.train.trainer import StopRequest, held_out_accuracy
 
 REPO = Path(__file__).resolve().parents[1]
 TIMING = ("timing_s/",)
@@ -134,11 +134,11 @@ def test_compare_trains_every_method_and_seed_and_writes_the_summary(tmp_path, m
     cache = tmp_path / "cache"
     trained = []
 
-    def train_one(run: RunConfig, run_dir: Path) -> None:
+    def train_one(run: RunConfig, run_dir: Path, stop: StopRequest | None) -> None:
         trained.append((run.rollout.method, run.seed))
-        build_trainer(run, scripted_parts(run, cache), run_dir).run()
+        build_trainer(run, scripted_parts(run, cache), run_dir).run(stop=stop)
 
-    def evaluate_one(run: RunConfig, run_dir: Path) -> None:
+    def evaluate_one(run: RunConfig, run_dir: Path, stop: StopRequest | None) -> None:
         trained.append(("start", run.seed))
         _evaluate_scripted(run, run_dir)
 
@@ -189,12 +189,12 @@ def test_cli_reports_a_bad_key_without_a_traceback(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def _train_scripted(run: RunConfig, run_dir: Path) -> None:
+def _train_scripted(run: RunConfig, run_dir: Path, stop: StopRequest | None = None) -> None:
     """A compare worker (module level, so a spawned process can unpickle it)."""
-    build_trainer(run, scripted_parts(run, run_dir.parents[2] / "cache"), run_dir).run()
+    build_trainer(run, scripted_parts(run, run_dir.parents[2] / "cache"), run_dir).run(stop=stop)
 
 
-def _evaluate_scripted(run: RunConfig, run_dir: Path) -> None:
+def _evaluate_scripted(run: RunConfig, run_dir: Path, stop: StopRequest | None = None) -> None:
     """The starting policy's evaluation, on the scripted engine (module level, like `_train_scripted`)."""
     parts = scripted_parts(run, run_dir.parents[2] / "cache")
     write_start(run, run_dir, held_out_accuracy(parts.collector, parts.test.tasks, run.train.eval_samples))

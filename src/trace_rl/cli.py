@@ -159,36 +159,49 @@ def _compare(args: argparse.Namespace) -> int:
     from trace_rl.config import load_config
     from trace_rl.progress import progress_bar
     from trace_rl.run import check_trainable, policy_source
+    from trace_rl.train.trainer import StopRequest
 
     config = load_config(CompareConfig, args.config, args.overrides)
     check_trainable(config.run)
     _out_folder(args.out)
-    if config.workers > 1:
-        with progress_bar() as bar:  # the shared warm start, made once before the runs fan out
-            task = bar.task("warm start", total=config.run.sft.steps)
-            policy_source(config.run, progress=lambda step, loss: bar.update(task, step + 1, {"loss": loss}))
-        starts = f" after {len(config.seeds)} evaluations of the starting policy" if config.evaluate_start else ""
-        print(f"training {len(config.methods) * len(config.seeds)} runs{starts}, {config.workers} at a time (finished ones are skipped); "
-              f"each run's progress is in its metrics.jsonl", file=sys.stderr)
-        summary = run_compare(config, args.out, _train_compare_run)
-    else:
-        def train_one(run, run_dir):
-            _train_compare_run(run, run_dir, bar=bar)
+    stop = StopRequest()
+    again = f"run the same command again to continue: trace-rl compare --config {args.config} --out {args.out}"
+    try:
+        if config.workers > 1:
+            with _signals(), progress_bar() as bar:  # the shared warm start, made once before the runs fan out
+                task = bar.task("warm start", total=config.run.sft.steps)
+                policy_source(config.run, progress=lambda step, loss: bar.update(task, step + 1, {"loss": loss}))
+            starts = f" after {len(config.seeds)} evaluations of the starting policy" if config.evaluate_start else ""
+            print(f"training {len(config.methods) * len(config.seeds)} runs{starts}, {config.workers} at a time (finished ones are skipped); "
+                  f"each run's progress is in its metrics.jsonl", file=sys.stderr)
+            with _signals(stop, what="every run stops after its current step"):
+                summary = run_compare(config, args.out, _train_compare_run, stop=stop)
+        else:
+            def train_one(run, run_dir, stop):
+                _train_compare_run(run, run_dir, stop, bar=bar)
 
-        with progress_bar() as bar:
-            summary = run_compare(config, args.out, train_one)
+            with _signals(stop), progress_bar() as bar:
+                summary = run_compare(config, args.out, train_one, stop=stop)
+    except Stopped as exc:
+        print(f"trace-rl compare: stopped by {exc} at once (each run keeps its last checkpoint); {again}", file=sys.stderr)
+        return 128 + exc.signum
+    if summary is None:
+        assert stop.signal is not None
+        print(f"trace-rl compare: stopped by {signal.Signals(stop.signal).name} (every run checkpointed where it stopped); {again}", file=sys.stderr)
+        return 128 + stop.signal
     print(summary_table(summary), file=sys.stderr)
     print(json.dumps({"out": str(args.out), "methods": summary["methods"]}))
     return 0
 
 
-def _train_compare_run(run, run_dir, bar=None) -> None:
+def _train_compare_run(run, run_dir, stop=None, bar=None) -> None:
     """One comparison run; a run cut short earlier continues from its checkpoint (or its step 0)."""
     from trace_rl.run import train_run
     from trace_rl.rundir import RunDir
 
-    train_run(run, run_dir, resume=RunDir(run_dir).config_path.is_file(), bar=bar)
-    print(f"finished {run_dir}", file=sys.stderr, flush=True)
+    train_run(run, run_dir, resume=RunDir(run_dir).config_path.is_file(), bar=bar, stop=stop)
+    if stop is None or not stop.requested:
+        print(f"finished {run_dir}", file=sys.stderr, flush=True)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -294,16 +307,17 @@ class Stopped(KeyboardInterrupt):
 
 
 @contextmanager
-def _signals(stop: StopRequest | None = None) -> Iterator[None]:
+def _signals(stop: StopRequest | None = None, what: str = "stopping after this step (it will be checkpointed)") -> Iterator[None]:
     """SIGINT and SIGTERM for the block: while `stop` is listening (a training loop runs) the first one
-    asks it to stop at the next step boundary; otherwise, or the second time, `Stopped` is raised at once."""
+    asks it to stop at the next step boundary (`what` says so); otherwise, or the second time,
+    `Stopped` is raised at once."""
 
     def handle(signum: int, frame: object) -> None:
         if stop is not None and stop.listening and stop.signal is None:
             stop.signal = signum
             name = signal.Signals(signum).name
             # os.write, not print: a handler may run while the main thread is inside a print to stderr
-            os.write(2, f"\ntrace-rl: {name}: stopping after this step (it will be checkpointed); send it again to stop now\n".encode())
+            os.write(2, f"\ntrace-rl: {name}: {what}; send it again to stop now\n".encode())
             return
         raise Stopped(signum)
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 import copy
 import json
 import multiprocessing
+import signal
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,11 @@ from trace_rl.config import MAX_SEED, FieldError, check_choice, check_range
 from trace_rl.methods import METHODS, MethodName
 from trace_rl.run import RunConfig
 from trace_rl.rundir import START, RunDir, atomic_write
+from trace_rl.train.trainer import StopRequest
+
+Job = Callable[[RunConfig, Path, "StopRequest | None"], None]
+"""`job(run, run_dir, stop)`: train (or evaluate) one run into `run_dir`, stopping at a step boundary
+once `stop` is requested."""
 
 
 @dataclass
@@ -63,8 +69,9 @@ class CompareConfig:
                 raise ValueError(f"run, for method {method}: {exc}") from exc
 
 
-def evaluate_starting_policy(run: RunConfig, run_dir: Path) -> None:
-    """Held-out accuracy of `run`'s starting policy, written as the step-0 record of `run_dir`."""
+def evaluate_starting_policy(run: RunConfig, run_dir: Path, stop: StopRequest | None = None) -> None:
+    """Held-out accuracy of `run`'s starting policy, written as the step-0 record of `run_dir` (one
+    evaluation has no step boundary: a stop ends it at once, and it is redone)."""
     from trace_rl.run import evaluate_policy
 
     figures = evaluate_policy(run)
@@ -80,19 +87,21 @@ def write_start(run: RunConfig, run_dir: Path, figures: dict[str, float]) -> Non
 def run_compare(
     config: CompareConfig,
     out: str | Path,
-    train_one: Callable[[RunConfig, Path], None],
-    evaluate_one: Callable[[RunConfig, Path], None] = evaluate_starting_policy,
-) -> dict[str, Any]:
-    """Train every (method, seed) with `train_one(config, run_dir)` and, with `config.evaluate_start`,
-    evaluate each seed's starting policy with `evaluate_one(config, run_dir)` (both skip what is
-    finished, so an interrupted comparison continues where it stopped), then summarise.
+    train_one: Job,
+    evaluate_one: Job = evaluate_starting_policy,
+    stop: StopRequest | None = None,
+) -> dict[str, Any] | None:
+    """Train every (method, seed) with `train_one(config, run_dir, stop)` and, with
+    `config.evaluate_start`, evaluate each seed's starting policy with `evaluate_one` (both skip what
+    is finished, so an interrupted comparison continues where it stopped), then summarise.
 
-    With `config.workers > 1` the jobs go to that many processes, calling `train_one` and
-    `evaluate_one`, which must then be picklable (module-level functions); make any shared warm start
-    before calling.
+    With `config.workers > 1` the jobs go to that many processes, so `train_one` and `evaluate_one`
+    must be picklable (module-level functions); make any shared warm start before calling. Once
+    `stop` is requested (a signal in this process) no further job starts, running ones stop after
+    their current step, and the result is None: the comparison is unfinished.
     """
     out = Path(out)
-    pending: list[tuple[Callable[[RunConfig, Path], None], RunConfig, Path]] = []
+    pending: list[tuple[Job, RunConfig, Path]] = []
     if config.evaluate_start:
         for seed in config.seeds:
             run = copy.deepcopy(config.run)
@@ -109,16 +118,88 @@ def run_compare(
                 pending.append((train_one, run, run_dir))
     if config.workers == 1:
         for job, run, run_dir in pending:
-            job(run, run_dir)
+            if stop is not None and stop.requested:
+                break
+            job(run, run_dir, stop)
     else:
-        context = multiprocessing.get_context("spawn")  # no forked torch threads or open files
-        with ProcessPoolExecutor(max_workers=config.workers, mp_context=context) as pool:
-            for future in [pool.submit(job, run, run_dir) for job, run, run_dir in pending]:
-                future.result()  # the first failed job raises here, naming its error
+        _run_in_workers(pending, config.workers, stop)
+    if stop is not None and stop.requested:
+        return None
     summary = summarise(out, config)
     atomic_write(out / "summary.json", lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=1)))
     atomic_write(out / "summary.md", lambda tmp: Path(tmp).write_text(summary_table(summary)))
     return summary
+
+
+class JobInterrupted(KeyboardInterrupt):
+    """A worker's job ended at once by a second stop (or a stop outside any training loop); a
+    KeyboardInterrupt, so no `except Exception` on the way (a tool's crash record) takes it for an error."""
+
+
+_worker_stop = StopRequest()
+"""In a worker process: the stop request its jobs run under, set by the main process's SIGTERM."""
+
+
+def _start_worker() -> None:
+    """A worker ignores the terminal's SIGINT (it reaches the whole process group); the main process
+    forwards a stop as SIGTERM: the first one stops a training loop after its step, the next at once."""
+
+    def handle(signum: int, frame: object) -> None:
+        if _worker_stop.listening and _worker_stop.signal is None:
+            _worker_stop.signal = signum
+            return
+        _worker_stop.signal = signum
+        raise JobInterrupted(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, handle)
+
+
+def _run_job(job: Job, run: RunConfig, run_dir: Path) -> None:
+    if not _worker_stop.requested:  # a job queued before the stop reached this worker does not start
+        job(run, run_dir, _worker_stop)
+
+
+def _run_in_workers(pending: list[tuple[Job, RunConfig, Path]], workers: int, stop: StopRequest | None) -> None:
+    """Run `pending` in `workers` processes. A failed job stops the others after their step and raises;
+    `stop` (requested in this process) is forwarded to the workers; a second request stops them at once."""
+    context = multiprocessing.get_context("spawn")  # no forked torch threads or open files
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_start_worker)
+    futures = [pool.submit(_run_job, job, run, run_dir) for job, run, run_dir in pending]
+    forwarded = False
+
+    def forward() -> None:  # to every live worker; each counts the stops it gets
+        for future in futures:
+            future.cancel()
+        for child in multiprocessing.active_children():
+            try:
+                child.terminate()  # SIGTERM
+            except OSError:  # gone meanwhile
+                pass
+
+    if stop is not None:
+        stop.listening = True
+    try:
+        waiting: set[Future] = set(futures)
+        while waiting:
+            done, waiting = wait(waiting, timeout=0.2, return_when=FIRST_EXCEPTION)
+            failed = next((f for f in done if not f.cancelled() and f.exception() is not None), None)
+            if failed is not None and not (stop is not None and stop.requested and isinstance(failed.exception(), JobInterrupted)):
+                if not forwarded:
+                    forward()
+                    forwarded = True
+                wait(waiting)
+                failed.result()  # raises the job's error, naming it
+            if stop is not None and stop.requested and not forwarded:
+                forward()
+                forwarded = True
+    except BaseException:  # a second stop here (or an error above): the workers stop at once
+        forward()
+        raise
+    finally:
+        if stop is not None:
+            stop.listening = False
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _finished(run_dir: Path, steps: int) -> bool:

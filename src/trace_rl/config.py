@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 import urllib.parse
@@ -196,6 +197,10 @@ def _suggest(key: str, known: Sequence[str] | dict[str, Any]) -> str:
     return f"{hint} (known: {', '.join(names)})"
 
 
+_YAML11_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+"""A number in exponent form without a dot (`1e-4`, `5E3`), which YAML 1.1 leaves a string."""
+
+
 def _coerce(hint: Any, value: Any, key: str) -> Any:
     origin = typing.get_origin(hint)
     if dataclasses.is_dataclass(hint):
@@ -241,6 +246,8 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"{key} must be an integer, got {value!r}")
         return value
     if hint is float:  # every float field of every section: NaN and ±inf are never a setting
+        if isinstance(value, str) and _YAML11_EXPONENT.fullmatch(value.strip()):
+            value = float(value)  # `1e-4`: YAML 1.1 (PyYAML) reads it as a string, everyone means a number
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key} must be a number, got {_show(value)}")
         try:
