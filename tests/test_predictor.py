@@ -18,7 +18,7 @@ from trace_rl.predictor import (
     natural_backup,
     rollout_starts,
 )
-from trace_rl.predictor.hashed import _calibration_helps, _fit_platt
+from trace_rl.predictor.hashed import _calibration_helps, _cross_entropy, _fit_calibration, _fit_platt
 from trace_rl.sim import LatentTreeSimulator
 from trace_rl.tree import History, RolloutTree, Turn
 
@@ -158,6 +158,28 @@ def test_platt_fit_recovers_a_known_slope_and_intercept() -> None:
     # The prior keeps a batch whose logits barely vary close to the identity instead of blowing up.
     slope, intercept = _fit_platt(np.full(10, 0.5), np.ones(10), np.ones(10))
     assert np.isfinite(slope) and np.isfinite(intercept)
+
+
+def test_a_calibration_of_saturated_raw_logits_converges_to_the_optimum_instead_of_saturating() -> None:
+    """Raw logits of ±30 that carry nothing (an over-confident model): plain Newton from the identity
+    overshot and ended at the slope cap with an intercept in the tens (a real run's prefix calibration
+    answered with saturated estimates, cross-entropy 17-32, for seven steps). The fit must reach the
+    optimum: no descent direction left (KKT with the slope free) and the cross-entropy of about the
+    best constant."""
+    rng = np.random.default_rng(0)
+    z = rng.choice([-30.0, 30.0], 400) + rng.normal(0.0, 1.0, 400)
+    y = (rng.random(400) < 0.4).astype(float)
+    design = np.column_stack([z, (rng.random(400) < 0.3).astype(float), np.ones(400)])
+    w = np.ones(400)
+    config = PredictorConfig()
+    theta = _fit_calibration(design, y, w, config=config)
+    assert 0.0 < theta[0] < config.calibration_max_slope  # the slope is interior: the gradient must vanish
+    p = 1.0 / (1.0 + np.exp(-(design @ theta)))
+    start = np.array([1.0, 0.0, 0.0])
+    gradient = design.T @ ((p - y) / w.size) + config.calibration_prior * (theta - start)
+    assert np.abs(gradient).max() < 1e-6
+    best_constant = -(y.mean() * np.log(y.mean()) + (1 - y.mean()) * np.log(1 - y.mean()))
+    assert _cross_entropy(design @ theta, y, w) < best_constant + 0.01
 
 
 def test_calibration_can_be_switched_off() -> None:
