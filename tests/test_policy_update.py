@@ -170,3 +170,27 @@ def test_ratio_mean_is_one_on_an_on_policy_step_and_counts_only_tokens_in_the_lo
     metrics = trainer._update_policy(tree_sequences([mixed, agreed], advantages))
     assert metrics["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
     assert metrics["actor/grad_norm"] > 0 and metrics["actor/clipfrac"] == 0.0
+
+
+@pytest.mark.parametrize(("update", "estimator"), [("per_leaf", "grpo"), ("packed", "grpo"), ("packed", "trace")])
+def test_one_update_raises_the_rewarded_leaf_and_lowers_the_unrewarded_one(tmp_path, update, estimator):
+    """The whole update, end to end, moves the policy the way the rewards say: after one optimiser step
+    on a two-leaf tree (A rewarded, B not), the model puts more probability on A's token and less on B's."""
+    from trace_rl.models import token_logprobs
+
+    tree = branched_tree()
+    model = small_llama()
+    on_policy(model, [tree], temperature=0.7)
+
+    def leaf_logprob(leaf: int) -> float:
+        ids = [t for i in tree.path(leaf) for t in tree.nodes[i].token_ids]
+        with torch.no_grad():
+            return float(token_logprobs(model, torch.tensor([ids]), temperature=0.7)[0, -1])
+
+    before = {leaf: leaf_logprob(leaf) for leaf in (2, 3)}
+    advantages = get_estimator(estimator)([tree])
+    trainer = update_trainer(model, tmp_path, update=update, lr=1e-2)
+    trainer._update_policy(tree_sequences([tree], advantages))
+    after = {leaf: leaf_logprob(leaf) for leaf in (2, 3)}
+    assert after[2] > before[2] + 1e-3, (before, after)
+    assert after[3] < before[3] - 1e-3, (before, after)
