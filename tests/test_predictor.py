@@ -500,3 +500,22 @@ def test_calibration_report_of_an_untrained_predictor() -> None:
     assert report["predictor/brier"] == pytest.approx((2 * 0 + 2 * 0 + 2 * 0 + 1 * 0.25) / 7)
     assert report["predictor/ece"] == pytest.approx(abs(0.5 - (0.5 * 6 + 1.0) / 7))
     assert report["predictor/examples"] == 4.0
+
+
+def test_the_brier_floor_benchmark_scores_the_truth_below_a_constant_and_counts_bad_batches(capsys) -> None:
+    """benchmarks/brier_floor.py: the true probabilities, scored on TRACE's own bets, beat a constant
+    0.5 on average, and each row's share of batches above 0.25 is a share of the scored batches."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "brier_floor.py"
+    spec = importlib.util.spec_from_file_location("brier_floor", path)
+    floor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(floor)
+    result = floor.main(["--batches", "6", "--seeds", "1", "--warmup", "1", "--prompts", "16", "--budget", "32"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
+    for figures in result["rows"].values():
+        assert figures["scored_batches"] == 5 and figures["share_above_quarter"] * 5 == round(figures["share_above_quarter"] * 5)
+        assert figures["max_brier"] >= figures["mean_brier"]
+    assert result["rows"]["trace@oracle"]["mean_brier"] < 0.25
