@@ -127,6 +127,7 @@ UNCONSTRAINED: dict[str, str] = {
     "rollout.method": "a Literal: every method is a setting",
     "train.update": "a Literal: every choice is a setting",
     "train.precision": "a Literal: every choice is a setting",
+    "sft.precision": "a Literal: every choice is a setting",
     "train.save_trees": "both values are settings",
     "train.tensorboard": "both values are settings; true is refused only where the tensorboard package is missing",
     "compare:evaluate_start": "both values are settings",

@@ -22,6 +22,7 @@ from trace_rl.train.sft import (
     masked_nll,
     pad_sft_batch,
     sft_stats,
+    train_sft,
     warm_start,
 )
 
@@ -107,6 +108,21 @@ def test_masked_nll_is_the_mean_over_masked_tokens_only(multihop, tmp_path):
     logp = token_logprobs(policy.model, ids, attention)
     expected = -(logp[0, 1] + logp[0, 2] + logp[0, 4] + logp[1, 0] + logp[1, 1]) / 5
     assert torch.allclose(loss, expected, atol=1e-6)
+    # the output layer runs at the scored positions only: the same gradients as the full forward
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    fast = torch.autograd.grad(loss, params)
+    full = torch.autograd.grad(expected, params)
+    for a, b in zip(fast, full):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_masked_nll_of_a_model_with_another_head_takes_the_full_forward(multihop, tmp_path):
+    policy = small_policy(multihop[0], tmp_path)
+    ids, attention, loss_mask = pad_sft_batch([([5, 9, 14, 7, 30, 2], [0, 0, 1, 1, 0, 1])])
+    plain = masked_nll(policy.model, ids, attention, loss_mask)
+    policy.model.config.model_type = "gemma2"  # soft-capped logits: not lm_head(hidden) alone
+    policy.model.get_output_embeddings = lambda: pytest.fail("the full forward needs no separate head")
+    assert torch.allclose(masked_nll(policy.model, ids, attention, loss_mask), plain, atol=1e-6)
 
 
 def test_copy_ready_init_adds_an_orthogonal_identity_to_each_value_output_product(multihop, tmp_path):
@@ -147,3 +163,12 @@ def test_warm_start_is_trained_once_and_reused_until_its_recipe_changes(tmp_path
     other = warm_start("tiny", train, env, SFTConfig(demos=8, steps=3, batch_size=4, warmup_steps=1, seed=1), cache_dir=tmp_path)
     assert other != folder
     assert load_policy(folder).model.config.num_hidden_layers == TinyConfig().num_layers
+
+
+def test_a_bf16_warm_start_trains_fp32_weights_and_lowers_the_loss(multihop, tmp_path):
+    policy = small_policy(multihop[0], tmp_path)
+    sequences = [([5, 9, 14, 7, 30, 2, 11, 40], [0, 0, 1, 1, 0, 1, 1, 1]), ([8, 3, 11, 12], [0, 1, 1, 1])] * 4
+    config = SFTConfig(demos=1, steps=30, batch_size=4, lr=3e-3, warmup_steps=2, precision="bf16")
+    stats = train_sft(policy.model, sequences, config, seed=0)
+    assert stats["sft/final_loss"] < 0.5 * stats["sft/first_loss"]
+    assert all(p.dtype == torch.float32 for p in policy.model.parameters())

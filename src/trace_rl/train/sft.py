@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ from trace_rl.agent.agents import Episode, OracleAgent, RandomAgent, run_episode
 from trace_rl.agent.env import StepResult, ToolEnv
 from trace_rl.agent.protocol import ANSWER, TurnFormat
 from trace_rl.agent.types import OraclePolicy, Rationale, Task, TaskSet, ToolCall
-from trace_rl.config import MAX_SEED, check_range
+from trace_rl.config import MAX_SEED, check_choice, check_range
 from trace_rl.models import _atomic_folder, cache_root, load_policy, token_logprobs
 from trace_rl.rollout import encode_observation, encode_prompt
 from trace_rl.train.sequences import pad_right
@@ -62,6 +62,11 @@ class SFTConfig:
     weight_decay: float = 0.0
     max_seq_len: int = 2048
     """Longer demonstrations are cut (their tail is not trained)."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """`bf16`: the warm start's forward and backward under bf16 autocast (weights and optimiser stay
+    fp32). On a CPU with AMX a tiny-policy step took 2.1x less time; a warm start is not an RL update,
+    so it needs no 1e-5 agreement with anything, but it is a different policy: check its regime
+    (`benchmarks/warm_start_spread.py`) before a comparison relies on it."""
     seed: int = 0
     """Seed of the warm start (demonstrations, tiny init, batches). Separate from the run's seed so
     that runs with different seeds start from one policy, as RL papers start every seed from one
@@ -75,6 +80,7 @@ class SFTConfig:
         check_range(self, "warmup_steps", ge=0)
         check_range(self, "weight_decay", ge=0)
         check_range(self, "seed", ge=0, le=MAX_SEED)
+        check_choice(self, "precision", ("fp32", "bf16"))
 
 
 # ---------------------------------------------------------------- demonstrations
@@ -194,7 +200,8 @@ def warm_start(
             "first": [t.task_id for t in taskset.tasks[:5]],
             "max_turns": env.max_turns,
             "transcript": hashlib.sha256(env_transcript(taskset, env).encode()).hexdigest(),
-            "config": asdict(config),
+            # a field at its default from before it existed stays out, so the caches made then stay valid
+            "config": {k: v for k, v in asdict(config).items() if not (k == "precision" and v == "fp32")},
         }
     )
     target = root / f"sft-{key}"
@@ -298,14 +305,28 @@ def pad_sft_batch(batch: Sequences) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return ids, attention, loss_mask
 
 
+_PLAIN_HEAD = ("llama", "mistral", "qwen2", "qwen3")
+"""Model types whose logits are exactly `lm_head(last hidden state)` (no soft-capping or scaling), so
+`masked_nll` may run the output layer at the scored positions only."""
+
+
 def masked_nll(model: Any, ids: torch.Tensor, attention: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
     """Mean negative log-likelihood of the tokens where `loss_mask` is 1 (the policy's own tokens).
 
-    Prompt, observation and padding tokens are context only: their own prediction is never scored.
+    Prompt, observation and padding tokens are context only: their own prediction is never scored,
+    so for a plain-head model (`_PLAIN_HEAD`) the output layer and the softmax run only where a token
+    is scored (a multi-turn demonstration is mostly observations: a warm-start step of the tiny policy
+    took 1.5x less time, the same loss and gradients up to float rounding).
     """
-    logp = token_logprobs(model, ids, attention)  # (B, T-1): predicts ids[:, 1:]
     target = loss_mask[:, 1:]
-    return -(logp * target).sum() / target.sum().clamp(min=1.0)
+    if getattr(model.config, "model_type", None) not in _PLAIN_HEAD:
+        logp = token_logprobs(model, ids, attention)  # (B, T-1): predicts ids[:, 1:]
+        return -(logp * target).sum() / target.sum().clamp(min=1.0)
+    scored = target.bool()
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state[:, :-1]
+    logits = model.get_output_embeddings()(hidden[scored]).float()
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:][scored][:, None]).squeeze(-1)
+    return -(logp * target[scored]).sum() / target.sum().clamp(min=1.0)
 
 
 def train_sft(
@@ -340,7 +361,8 @@ def train_sft(
         for step in range(config.steps):
             ids, attention, loss_mask = pad_sft_batch([sequences[i] for i in next(batches)])
             tokens += ids.numel()
-            loss = masked_nll(model, ids.to(device), attention.to(device), loss_mask.to(device))
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16"):
+                loss = masked_nll(model, ids.to(device), attention.to(device), loss_mask.to(device))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
