@@ -29,12 +29,19 @@ def _run(folder, accuracies, *, tokens_per_step=100.0, ratio=0.5):
         run.append_metrics(record)
 
 
+def _config(methods, seeds, steps):
+    """A comparison whose runs are `steps` long (only finished runs count in its summary)."""
+    config = CompareConfig(methods=methods, seeds=seeds)
+    config.run.train.steps = steps
+    return config
+
+
 def test_summary_reports_intervals_and_what_reaching_the_baseline_cost(tmp_path):
     finals = {"grpo": [0.40, 0.42, 0.44], "trace": [0.45, 0.47, 0.49]}
     for seed in range(3):
         _run(tmp_path / "grpo" / f"seed_{seed}", [0.30] * 5 + [finals["grpo"][seed]] * 3, ratio=0.3)
         _run(tmp_path / "trace" / f"seed_{seed}", [0.30, 0.43] + [finals["trace"][seed]] * 6, tokens_per_step=50.0, ratio=0.6)
-    config = CompareConfig(methods=["grpo", "trace"], seeds=[0, 1, 2])
+    config = _config(["grpo", "trace"], [0, 1, 2], steps=8)
     summary = summarise(tmp_path, config)
     grpo, trace = summary["methods"]["grpo"], summary["methods"]["trace"]
     assert grpo["final_accuracy"] == pytest.approx(0.42) and trace["final_accuracy"] == pytest.approx(0.47)
@@ -45,12 +52,12 @@ def test_summary_reports_intervals_and_what_reaching_the_baseline_cost(tmp_path)
     assert trace["rollouts_to_baseline_accuracy"] == 128.0 and trace["tokens_to_baseline_accuracy"] == 100.0  # step 2
     assert grpo["rollouts_to_baseline_accuracy"] == 6 * 64.0
     table = summary_table(summary)
-    assert "| trace | 0.600 | 0.700 | 0.470 ± " in table and "tokens to it" in table
+    assert "| trace | 3 | 0.600 | 0.700 | 0.470 ± " in table and "tokens to it" in table
 
 
 def test_one_seed_has_no_interval(tmp_path):
     _run(tmp_path / "grpo" / "seed_0", [0.5])
-    summary = summarise(tmp_path, CompareConfig(methods=["grpo"], seeds=[0]))
+    summary = summarise(tmp_path, _config(["grpo"], [0], steps=1))
     assert math.isnan(summary["methods"]["grpo"]["final_accuracy_ci95"])
     assert "0.500 ± —" in summary_table(summary)
 
@@ -58,7 +65,7 @@ def test_one_seed_has_no_interval(tmp_path):
 def test_the_starting_policy_is_the_react_row_and_where_every_curve_starts(tmp_path):
     from trace_rl.compare import write_start
 
-    config = CompareConfig(methods=["grpo", "trace"], seeds=[0, 1])
+    config = _config(["grpo", "trace"], [0, 1], steps=2)
     for seed, start in enumerate([0.30, 0.34]):
         write_start(config.run, tmp_path / "react" / f"seed_{seed}", {"val/accuracy_sampled": start, "val/accuracy_sampled_se": 0.01})
         _run(tmp_path / "grpo" / f"seed_{seed}", [0.31, 0.31])  # below the start on seed 1
@@ -69,13 +76,26 @@ def test_the_starting_policy_is_the_react_row_and_where_every_curve_starts(tmp_p
     assert summary["methods"]["grpo"]["accuracy_gain"] == pytest.approx(np.mean([0.01, -0.03]))
     # GRPO ends at 0.31, below the start's mean 0.32: every method "reaches" it before spending a rollout
     assert summary["methods"]["trace"]["rollouts_to_baseline_accuracy"] == 0.0
-    assert "| react (start, no RL) | — | — | 0.320 ± " in summary_table(summary)
+    assert "| react (start, no RL) | 2 | — | — | 0.320 ± " in summary_table(summary)
 
 
 def test_without_a_start_evaluation_there_is_no_react_row(tmp_path):
     _run(tmp_path / "grpo" / "seed_0", [0.5])
-    summary = summarise(tmp_path, CompareConfig(methods=["grpo"], seeds=[0]))
+    summary = summarise(tmp_path, _config(["grpo"], [0], steps=1))
     assert "react" not in summary and math.isnan(summary["methods"]["grpo"]["accuracy_gain"])
+
+
+def test_an_unfinished_run_is_listed_not_counted(tmp_path):
+    for seed in (0, 1):
+        _run(tmp_path / "grpo" / f"seed_{seed}", [0.40, 0.50])
+    _run(tmp_path / "trace" / "seed_0", [0.40, 0.60])
+    _run(tmp_path / "trace" / "seed_1", [0.90])  # cut short after step 1: its last evaluation is no final accuracy
+    summary = summarise(tmp_path, _config(["grpo", "trace"], [0, 1], steps=2))
+    assert summary["methods"]["grpo"]["seeds"] == 2 and summary["methods"]["trace"]["seeds"] == 1
+    assert summary["methods"]["trace"]["final_accuracy"] == pytest.approx(0.60)
+    assert summary["unfinished"] == {"trace": {1: 1}}
+    table = summary_table(summary)
+    assert "| trace | 1 | " in table and "trace seed 1 at step 1" in table
 
 
 def _load_script(name):
@@ -99,8 +119,8 @@ def test_exported_results_hold_the_runs_and_reproduce_the_summary_and_the_readme
     results = _load_script("results")
     runs, dest = tmp_path / "runs", tmp_path / "docs" / "results" / "toy"
     config_path = tmp_path / "toy.yaml"
-    config_path.write_text("# A toy comparison.\n#   trace-rl compare --config toy.yaml --out runs\n" + yaml.safe_dump({"methods": ["grpo", "trace"], "seeds": [0, 1]}))
-    config = CompareConfig(methods=["grpo", "trace"], seeds=[0, 1])
+    config_path.write_text("# A toy comparison.\n#   trace-rl compare --config toy.yaml --out runs\n" + yaml.safe_dump({"methods": ["grpo", "trace"], "seeds": [0, 1], "run": {"train": {"steps": 2}}}))
+    config = _config(["grpo", "trace"], [0, 1], steps=2)
     for seed in (0, 1):
         write_start(config.run, runs / "react" / f"seed_{seed}", {"val/accuracy_sampled": 0.3})
         _run(runs / "grpo" / f"seed_{seed}", [0.35, 0.40 + seed / 100], ratio=0.3)

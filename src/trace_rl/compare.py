@@ -213,16 +213,22 @@ def _run_metrics(run_dir: Path) -> list[dict[str, Any]]:
 def summarise(out: Path, config: CompareConfig) -> dict[str, Any]:
     """Per method: ratios averaged over steps and seeds; final accuracy over seeds with its 95%
     interval (Student t); the evaluation's own standard error; rollouts and generated tokens spent,
-    and how many each method needed to first reach the baseline's final accuracy."""
+    and how many each method needed to first reach the baseline's final accuracy.
+
+    Only finished runs (all `run.train.steps` steps) count: an unfinished one's last evaluation is not
+    its final accuracy. Runs begun but unfinished are listed under `unfinished` (method -> seed -> steps)."""
     acc_key = config.accuracy
     methods: dict[str, dict[str, float]] = {}
     curves: dict[str, list[tuple[float, float, float]]] = {}
     start_runs = {seed: _run_metrics(out / START / f"seed_{seed}") for seed in config.seeds}
     start_by_seed = {seed: _last(r, acc_key) for seed, r in start_runs.items() if r}
     start = _start_figures(list(start_runs.values()), acc_key)
+    unfinished: dict[str, dict[int, int]] = {}
     for method in config.methods:
-        by_seed = {seed: _run_metrics(out / method / f"seed_{seed}") for seed in config.seeds}
-        by_seed = {seed: r for seed, r in by_seed.items() if r}
+        begun = {seed: _run_metrics(out / method / f"seed_{seed}") for seed in config.seeds}
+        by_seed = {seed: r for seed, r in begun.items() if r and r[-1]["step"] >= config.run.train.steps}
+        if cut := {seed: int(r[-1]["step"]) for seed, r in begun.items() if r and seed not in by_seed}:
+            unfinished[method] = cut
         if not by_seed:
             continue
         runs = list(by_seed.values())
@@ -255,6 +261,8 @@ def summarise(out: Path, config: CompareConfig) -> dict[str, Any]:
         for method, figures in methods.items():
             figures["rollouts_to_baseline_accuracy"], figures["tokens_to_baseline_accuracy"] = _first_reach(curves[method], target)
     summary: dict[str, Any] = {"methods": methods, "baseline": baseline, "accuracy_key": acc_key, "config": asdict(config)}
+    if unfinished:
+        summary["unfinished"] = unfinished
     if start:
         summary[START] = start
     return summary
@@ -328,15 +336,15 @@ def summary_table(summary: dict[str, Any]) -> str:
     with this function)."""
     baseline = summary.get("baseline", "the baseline")
     header = (
-        "| method | effective ratio | effective gradient ratio (budget share in mixed groups) | final accuracy (95% CI over seeds) "
+        "| method | seeds | effective ratio | effective gradient ratio (budget share in mixed groups) | final accuracy (95% CI over seeds) "
         f"| gain over the start | evaluation SE | rollouts | rollouts to {baseline}'s final accuracy | tokens to it | predictor Brier (after step 5) |"
     )
-    lines = [header, "|" + "---|" * 10]
+    lines = [header, "|" + "---|" * 11]
     nan = float("nan")
     start = summary.get(START)
     if start:
         lines.append(
-            f"| {START} (start, no RL) | — | — | {start['final_accuracy']:.3f} ± {_or_dash(start['final_accuracy_ci95'], '.3f')} "
+            f"| {START} (start, no RL) | {start['seeds']:.0f} | — | — | {start['final_accuracy']:.3f} ± {_or_dash(start['final_accuracy_ci95'], '.3f')} "
             f"| — | {_or_dash(start['final_accuracy_eval_se'], '.3f')} | 0 | — | — | — |"
         )
     for method, f in summary["methods"].items():
@@ -344,11 +352,14 @@ def summary_table(summary: dict[str, Any]) -> str:
         ci, se, brier = f.get("final_accuracy_ci95", nan), f.get("final_accuracy_eval_se", nan), f.get("predictor_brier", nan)
         gain, gain_ci = f.get("accuracy_gain", nan), f.get("accuracy_gain_ci95", nan)
         lines.append(
-            f"| {method} | {f['effective_ratio']:.3f} | {f['mixed_budget_share']:.3f} "
+            f"| {method} | {f['seeds']:.0f} | {f['effective_ratio']:.3f} | {f['mixed_budget_share']:.3f} "
             f"| {f['final_accuracy']:.3f} ± {_or_dash(ci, '.3f')} | {_or_dash(gain, '+.3f')} ± {_or_dash(gain_ci, '.3f')} "
             f"| {_or_dash(se, '.3f')} | {f['rollouts']:.0f} "
             f"| {_or_dash(reach, '.0f')} | {_or_dash(tokens, '.0f')} | {_or_dash(brier, '.3f')} |"
         )
+    if summary.get("unfinished"):
+        cut = "; ".join(f"{m} seed {seed} at step {steps}" for m, seeds in summary["unfinished"].items() for seed, steps in seeds.items())
+        lines.append(f"\nNot yet counted (unfinished; the same compare command continues them): {cut}.")
     return "\n".join(lines) + "\n"
 
 
