@@ -19,19 +19,24 @@ from trace_rl.predictor.base import (
     natural_backup,
     rollout_starts,
 )
+from trace_rl.predictor.guard import GuardedPredictor
 from trace_rl.predictor.hashed import HashedNgramPredictor, PredictorConfig
 from trace_rl.predictor.history import PromptHistoryPredictor
 
 PredictorKind = Literal["shared", "prompt_history", "knapsack_history"]
 
 PREDICTORS: dict[str, Callable[[PredictorConfig, int], SuccessPredictor]] = {
-    "shared": lambda config, seed: HashedNgramPredictor(config, seed=seed),
+    "shared": lambda config, seed: _guarded(HashedNgramPredictor(config, seed=seed), config),
     "prompt_history": lambda config, seed: PromptHistoryPredictor(),
     "knapsack_history": lambda config, seed: PromptHistoryPredictor(estimate="last_epoch"),
 }
-"""`shared`: TRACE's text predictor over any history (reads `config`); `prompt_history`: each prompt's
-own past outcomes, Beta posterior; `knapsack_history`: each prompt's success rate the last time it was
-sampled, as Knapsack-RL estimates it."""
+"""`shared`: TRACE's text predictor over any history (reads `config`, with `config.guard` wrapped in a
+`GuardedPredictor`); `prompt_history`: each prompt's own past outcomes, Beta posterior;
+`knapsack_history`: each prompt's success rate the last time it was sampled, as Knapsack-RL estimates it."""
+
+
+def _guarded(predictor: SuccessPredictor, config: PredictorConfig) -> SuccessPredictor:
+    return GuardedPredictor(predictor, window=config.guard_window) if config.guard else predictor
 
 
 def build_predictor(kind: PredictorKind, config: PredictorConfig, *, seed: int) -> SuccessPredictor:
@@ -41,6 +46,7 @@ def build_predictor(kind: PredictorKind, config: PredictorConfig, *, seed: int) 
 
 
 __all__ = [
+    "GuardedPredictor",
     "HashedNgramPredictor",
     "KnowsPrompts",
     "PREDICTORS",

@@ -248,13 +248,19 @@ class PredictorConfig:
     """Largest slope a of a calibration (the smallest is 0: a calibration may ignore the raw logit, never
     reverse it). Without a bound the old Platt scaling reached slopes of 670-1190 on a demo run; 1 and
     2 score the same on the replayed runs."""
+    guard: bool = False
+    """Shrink the predictor's estimates toward 0.5 by how much they helped on the batches it learnt
+    from (`trace_rl.predictor.guard`): a predictor that ranks no better than a coin answers 0.5, and
+    TRACE allocates as uniform does."""
+    guard_window: int = 10
+    """Batches the guard's shrinkage is fitted on."""
 
     def __post_init__(self) -> None:
         check_range(self, "num_features", ge=2, le=MAX_FEATURES, why="each is a float64 weight and accumulator in two models")
         check_range(self, "max_ngram", ge=1)
         for name in ("learning_rate", "initial_accumulator", "calibration_prior"):
             check_range(self, name, gt=0)
-        for name in ("epochs", "root_epochs", "batch_size"):
+        for name in ("epochs", "root_epochs", "batch_size", "guard_window"):
             check_range(self, name, ge=1)
         for name in ("replay_batches", "calibration_batches"):
             check_range(self, name, ge=0, why="0: none")
