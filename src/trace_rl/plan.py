@@ -16,12 +16,17 @@ Stage 2's observed outcome r of a prefix is the outcome of the one bare rollout 
 backup value against `success_threshold`). Stage-2 budget that no prefix can take (no intermediate
 prefix, or every one at `max_per_prefix`) goes round-robin to the prompts already sampled, so a
 batch always holds exactly `budget` leaves.
+
+With `per_tree=True`, `settings.budget` is each tree's own: every tree is planned alone (Stage 1
+gives its one prompt the Stage-1 budget, Stage 2 spends the rest over that tree's own prefixes), so
+every tree holds exactly `budget` leaves. This is the shape of GRPO trainers with a fixed group size
+(TRL's `num_generations`, `trace_rl.integrations.trl`), where no budget moves between prompts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -48,12 +53,26 @@ def plan_roots(
     trees: Sequence[RolloutTree],
     values: np.ndarray | None,
     known: np.ndarray | None = None,
+    *,
+    per_tree: bool = False,
 ) -> list[Request]:
     """Stage 1: rollouts per prompt. Sets every root's `budget`, and `predicted` when `values` are given
     (they may be None for a method that does not read them: a uniform split). `known` marks the
-    prompts whose value the predictor vouches for (None: all), for allocators that care (Knapsack-RL)."""
+    prompts whose value the predictor vouches for (None: all), for allocators that care (Knapsack-RL).
+    `per_tree`: each tree is planned alone on its own budget (see the module docstring)."""
     if values is None and method.stage1 is not uniform_stage1:
         raise ValueError(f"method {method.name!r} allocates Stage 1 from values; got none")
+    if per_tree:
+        checked = None if values is None else _checked(values, len(trees), "tree")[0]
+        return [
+            replace(request, tree=index)
+            for index in range(len(trees))
+            for request in plan_roots(
+                method, settings, trees[index : index + 1],
+                None if checked is None else checked[index : index + 1],
+                None if known is None else known[index : index + 1],
+            )
+        ]
     values, record = _checked(values, len(trees), "tree")
     per_prompt = method.stage1(values, method.stage1_budget(settings), settings, known)
     requests = []
@@ -86,17 +105,31 @@ def plan_prefixes(
     candidates: Sequence[Candidate],
     values: np.ndarray | None,
     rng: np.random.Generator,
+    *,
+    per_tree: bool = False,
 ) -> list[Request]:
     """Stage 2: continuations per candidate prefix, then the leftover to sampled roots (see module doc).
 
     Sets `predicted` on every candidate (when `values` are given) and `budget` on the expanded ones.
-    Returns [] for a method without Stage 2.
+    Returns [] for a method without Stage 2. `per_tree`: each tree spends its own Stage-2 budget
+    over its own candidates, trees in order (see the module docstring).
     """
     budget = method.stage2_budget(settings)
     if method.stage2 is None or budget <= 0:
         return []
     if values is None and method.stage2 is expand_stage2:
         raise ValueError(f"method {method.name!r} allocates Stage 2 from values; got none")
+    if per_tree:
+        checked = None if values is None else _checked(values, len(candidates), "candidate")[0]
+        requests: list[Request] = []
+        for index in range(len(trees)):
+            mine = [k for k, (tree, _) in enumerate(candidates) if tree == index]
+            own = plan_prefixes(
+                method, settings, trees[index : index + 1], [(0, candidates[k][1]) for k in mine],
+                None if checked is None else checked[mine], rng,
+            )
+            requests += [replace(request, tree=index) for request in own]
+        return requests
     values, record = _checked(values, len(candidates), "candidate")
     backups = {}
     for index, _ in candidates:

@@ -208,16 +208,19 @@ class TreeRolloutCollector:
 
     # ------------------------------------------------------------------ the two stages
 
-    def collect(self, tasks: Sequence[Task]) -> RolloutBatch:
+    def collect(self, tasks: Sequence[Task], *, per_tree: bool = False) -> RolloutBatch:
+        """One batch of trees holding exactly `budget` leaves; with `per_tree`, every tree holds exactly
+        `budget` leaves, planned alone (`trace_rl.plan`: a fixed group size, as TRL's `num_generations`)."""
         if not tasks:
             raise ValueError("collect() needs at least one task")
         cfg, settings = self.config, self.config.allocation()
         batch = self._new_batch(tasks)
+        budgets = len(tasks) if per_tree else 1  # one budget per tree, or one for the batch
 
         start = time.perf_counter()
         roots = [History(task.question, (), task.task_id) for task in tasks]
         known = self.predictor.known(roots) if isinstance(self.predictor, KnowsPrompts) else None
-        requests = plan_roots(self.method, settings, batch.trees, self.predictor.predict(roots), known)
+        requests = plan_roots(self.method, settings, batch.trees, self.predictor.predict(roots), known, per_tree=per_tree)
         batch.timings["timing_s/alloc"] += time.perf_counter() - start
         self._run(batch, requests)
 
@@ -227,19 +230,19 @@ class TreeRolloutCollector:
             candidates = prefix_candidates(batch.trees, lambda tree, node: self._has_room(batch, tree, node))
             histories = [batch.trees[tree].history(node) for tree, node in candidates]
             v_pref = self.predictor.predict(histories) if candidates else np.zeros(0)
-            requests = plan_prefixes(self.method, settings, batch.trees, candidates, v_pref, self.rng)
+            requests = plan_prefixes(self.method, settings, batch.trees, candidates, v_pref, self.rng, per_tree=per_tree)
             to_roots = sum(r.count for r in requests if r.node == 0)
             batch.timings["timing_s/alloc"] += time.perf_counter() - start
             self._run(batch, requests)
 
         leaves = sum(int(tree.leaves().size) for tree in batch.trees)
-        if leaves != cfg.budget:  # a broken invariant is our bug, never a silent miscount
-            raise AssertionError(f"collected {leaves} leaves for a budget of {cfg.budget}")
+        if leaves != cfg.budget * budgets:  # a broken invariant is our bug, never a silent miscount
+            raise AssertionError(f"collected {leaves} leaves for a budget of {cfg.budget * budgets}")
         stats = {
-            "rollout/budget": float(cfg.budget),
+            "rollout/budget": float(cfg.budget * budgets),
             "rollout/leaves": float(leaves),
-            "rollout/stage1_budget": float(cfg.stage1_budget),
-            "rollout/stage2_budget": float(cfg.stage2_budget),
+            "rollout/stage1_budget": float(cfg.stage1_budget * budgets),
+            "rollout/stage2_budget": float(cfg.stage2_budget * budgets),
             "rollout/stage2_to_roots": float(to_roots),
             "rollout/tokens_generated": float(batch.tokens["generated"]),
             "rollout/tokens_observation": float(batch.tokens["observation"]),
