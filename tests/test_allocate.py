@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trace_rl.allocate import allocate_roots, expand_prefixes, random_prefixes, uniform_roots
+from trace_rl.allocate import allocate_roots, expand_for_prompts, expand_prefixes, random_prefixes, uniform_roots
 
 
 def _load_benchmark():
@@ -203,6 +203,60 @@ def test_expand_prefixes_matches_brute_force() -> None:
         assert k.sum() == (min(budget, capacity) if candidates else 0)
         assert np.all((k >= 0) & (k <= (budget if cap is None else cap)))
         assert prefix_objective(v, r, k) == pytest.approx(brute_force_prefixes(v, r, budget, cap), abs=1e-12)
+
+
+def prompt_objective(v, r, prompts, mixed, k) -> np.ndarray:
+    """Expected prompts that end mixed, per row of allocations, from the definition: a mixed prompt
+    counts 1; an agreeing one 1 - P(every continuation repeats its outcome)."""
+    v, r, k = np.asarray(v, dtype=np.float64), np.asarray(r, dtype=np.float64), np.atleast_2d(k)
+    repeat = (r * v + (1.0 - r) * (1.0 - v)) ** k  # per candidate: all its continuations repeat r
+    total = np.zeros(k.shape[0])
+    for group in np.unique(prompts):
+        members = np.flatnonzero(np.asarray(prompts) == group)
+        total += 1.0 if mixed[members[0]] else 1.0 - repeat[:, members].prod(axis=1)
+    return total
+
+
+def agreeing_prompts(rng: np.random.Generator, candidates: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Candidates of up to three prompts: an agreeing prompt's candidates share one outcome r."""
+    prompts = rng.integers(0, 3, candidates)
+    mixed_prompt = rng.uniform(size=3) < 0.3
+    outcome = rng.integers(0, 2, 3).astype(np.float64)
+    r = np.where(mixed_prompt[prompts], rng.integers(0, 2, candidates), outcome[prompts]).astype(np.float64)
+    return probabilities(rng, candidates), r, prompts, mixed_prompt[prompts]
+
+
+def test_expand_for_prompts_maximises_the_expected_mixed_prompts_as_brute_force_does() -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(1500):
+        candidates, budget = int(rng.integers(0, 6)), int(rng.integers(0, 8))
+        cap = None if rng.uniform() < 0.3 else int(rng.integers(0, 4))
+        v, r, prompts, mixed = agreeing_prompts(rng, candidates)
+        k = expand_for_prompts(v, r, prompts, mixed, budget, max_per_prefix=cap)
+        limit = budget if cap is None else cap
+        spend = min(budget, limit * candidates)
+        assert k.sum() == spend and np.all((k >= 0) & (k <= limit))
+        if candidates:
+            table = np.array(list(allocations(candidates, spend, list(range(limit + 1)))), dtype=np.int64)
+            best = prompt_objective(v, r, prompts, mixed, table).max()
+            assert prompt_objective(v, r, prompts, mixed, k)[0] == pytest.approx(best, abs=1e-12)
+
+
+def test_expand_for_prompts_spends_on_mixed_prompts_only_what_agreeing_ones_cannot_use() -> None:
+    # prompt 0 agrees on failure (r = 0) and can flip; prompt 1 is already mixed
+    v, r, prompts, mixed = [0.4, 0.6, 0.5], [0.0, 1.0, 0.0], [0, 1, 1], [False, True, True]
+    assert expand_for_prompts(v, r, prompts, mixed, 2, max_per_prefix=None).tolist() == [2, 0, 0]
+    # capped at one continuation, prompt 0 takes one; the rest follows the paper's gains (candidate 2's
+    # chance to flip, 0.5, beats candidate 1's 0.4)
+    assert expand_for_prompts(v, r, prompts, mixed, 2, max_per_prefix=1).tolist() == [1, 0, 1]
+    # with every prompt mixed it is the paper's Stage 2
+    rng = np.random.default_rng(6)
+    for _ in range(300):
+        n, budget = int(rng.integers(1, 8)), int(rng.integers(0, 12))
+        cap = None if rng.uniform() < 0.3 else int(rng.integers(1, 4))
+        v, r = probabilities(rng, n), rng.integers(0, 2, n).astype(np.float64)
+        ours = expand_for_prompts(v, r, np.zeros(n, dtype=int), np.ones(n, dtype=bool), budget, max_per_prefix=cap)
+        assert prefix_objective(v, r, ours) == pytest.approx(prefix_objective(v, r, expand_prefixes(v, r, budget, max_per_prefix=cap)), abs=1e-12)
 
 
 def test_expand_prefixes_matches_heap_greedy_on_larger_inputs() -> None:

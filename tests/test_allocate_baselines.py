@@ -388,3 +388,21 @@ def test_pcl_equals_uniform_roots_over_the_kept_prompts() -> None:
 def test_pcl_names_the_bad_argument(args, kwargs, name) -> None:
     with pytest.raises(ValueError, match=name):
         pcl_roots(*args, **kwargs)
+
+
+def test_the_stage2_objective_benchmark_runs_both_objectives_on_the_same_worlds(capsys):
+    """benchmarks/stage2_objective.py: GRPO (no Stage 2) is the same under both objectives; TRACE's
+    rows carry both objectives' figures and their ratio."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "stage2_objective.py"
+    spec = importlib.util.spec_from_file_location("stage2_objective", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result = module.main(["--prompts", "16", "--budget", "64", "--seeds", "1", "--batches", "2", "--workers", "1"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
+    assert all(f["ratio"] == 1.0 for f in result["rows"]["grpo"].values())
+    oracle = result["rows"]["trace@oracle"]["effective_ratio"]
+    assert oracle["ratio"] == oracle["prompt"] / oracle["anchor"]

@@ -4,6 +4,9 @@
   m_i ∈ {0} ∪ [min_per_prompt, max_per_prompt] and Σ m_i == budget.
 - `expand_prefixes` (Stage 2): continuations per prefix, maximising Σ prefix_value(v_c, r_c, k_c) with
   0 <= k_c <= max_per_prefix and Σ k_c == min(budget, capacity).
+- `expand_for_prompts` (Stage 2, `rollout.stage2_objective: prompt`): continuations per prefix,
+  maximising the expected number of prompts that end mixed, then the paper's objective with what is
+  left (see its docstring).
 - Baselines at an equal budget: `uniform_roots` (GRPO), `random_prefixes` (TreePO / Tree-GRPO style
   random tree), and the published prompt-level rules under their own names: `knapsack_roots`
   (Knapsack-RL as released) and `pcl_roots` (PCL: keep the prompts predicted nearest p = 0.5). TRACE's
@@ -349,6 +352,69 @@ def expand_prefixes(v: ArrayLike, r: ArrayLike, budget: int, *, max_per_prefix: 
         first = np.log(flip)
         per_log = np.divide(-1.0, np.log1p(np.negative(flip, out=scratch), out=scratch), out=scratch)
     return _take_top(_PrefixUnits(first, per_log, cap), min(budget, cap * v.size), t_guess=np.log(0.5))
+
+
+def expand_for_prompts(
+    v: ArrayLike, r: ArrayLike, prompts: ArrayLike, mixed: ArrayLike, budget: int, *, max_per_prefix: int | None = None
+) -> np.ndarray:
+    """Stage 2 that counts prompts: continuations per candidate prefix, maximising the expected number
+    of prompts whose leaves end with both a success and a failure (what the effective ratio counts).
+
+    v, r: as in `expand_prefixes`; prompts: each candidate's prompt (any integer ids); mixed: per
+    candidate, whether its prompt's bare rollouts already mixed. A mixed prompt is counted whatever
+    Stage 2 does; a prompt whose bare rollouts all agree (so every r of it is the same R) ends mixed
+    unless every continuation repeats R: with q_c = r v + (1 - r)(1 - v) as in `prefix_value`, its
+    chance is 1 - Π_c q_c^k_c. For a given number of continuations that product is smallest when they
+    go to the prefixes with the smallest q first (each up to max_per_prefix), and then the t-th
+    continuation's gain, (Π of the q's before it)·(1 - q of its prefix), is non-increasing in t: each
+    prompt's value is concave in its continuations, so taking the largest gains over all prompts is
+    optimal (as for `expand_prefixes`). Ties go to the lower candidate index first.
+
+    What no gain can use (every agreeing prompt saturated, or none left: only mixed prompts) is spent
+    on the paper's objective, `prefix_value`'s gains from the counts reached so far, so exactly
+    min(budget, capacity) continuations are placed; the first objective is exact, this remainder is
+    the paper's greedy given it. Returns int64 counts, one per candidate.
+    """
+    v = _probabilities("v", v)
+    r = _outcomes("r", r, like=v)
+    groups = np.asarray(prompts)
+    done = np.asarray(mixed, dtype=bool)
+    if groups.shape != v.shape or done.shape != v.shape:
+        raise ValueError(f"prompts and mixed must have one entry per candidate ({v.size}), got {groups.shape} and {done.shape}")
+    budget = _whole("budget", budget, minimum=0)
+    cap = budget if max_per_prefix is None else _whole("max_per_prefix", max_per_prefix, minimum=0)
+    counts = np.zeros(v.size, dtype=np.int64)
+    total = min(budget, cap * v.size)
+    if total == 0:
+        return counts
+    flip = np.abs(r - v)  # 1 - q: one continuation's chance to differ from the observed outcome
+    units_candidate, units_gain = [], []
+    for group in np.unique(groups[~done]):
+        members = np.flatnonzero((groups == group) & ~done)
+        order = members[np.argsort(-flip[members], kind="stable")]  # smallest q first; ties: lower index
+        sequence = np.repeat(order, cap)[:total]  # the continuations in the order this prompt takes them
+        q = 1.0 - flip[sequence]
+        before = np.concatenate(([1.0], np.cumprod(q)[:-1]))
+        units_candidate.append(sequence)
+        units_gain.append(before * flip[sequence])
+    if units_candidate:
+        candidate, gain = np.concatenate(units_candidate), np.concatenate(units_gain)
+        position = np.concatenate([np.arange(u.size) for u in units_candidate])
+        useful = gain > 0.0
+        candidate, gain, position = candidate[useful], gain[useful], position[useful]
+        taken = np.lexsort((position, candidate, -gain))[:total]  # largest gain; ties: lower index, earlier unit
+        np.add.at(counts, candidate[taken], 1)
+    left = total - int(counts.sum())
+    if left > 0:  # the paper's gains q^k (1 - q), continuing from the counts reached
+        room = cap - counts
+        owner = np.repeat(np.arange(v.size), np.minimum(room, left))
+        k = counts[owner] + np.concatenate([np.arange(n) for n in np.minimum(room, left)]) if owner.size else owner
+        q_owner = 1.0 - flip[owner]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            extra = np.where(k == 0, 1.0, np.exp(k * np.log(q_owner))) * flip[owner]
+        taken = np.lexsort((k, owner, -extra))[:left]
+        np.add.at(counts, owner[taken], 1)
+    return counts
 
 
 # ------------------------------------------------------------------------------------------ Stage 1

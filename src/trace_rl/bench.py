@@ -32,7 +32,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -92,6 +92,8 @@ class BenchConfig:
     """A sampled prompt gets at least this many bare rollouts."""
     pcl_keep_share: float = 0.5
     """`pcl`: share of the candidate prompts kept."""
+    stage2_objective: Literal["anchor", "prompt"] = "anchor"
+    """TRACE's Stage-2 objective (`AllocationSettings.stage2_objective`)."""
     seeds: int = 5
     """Independent worlds (topics, difficulties, words) and rollout streams."""
     batches: int = 20
@@ -113,6 +115,8 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if self.prompts_per_batch < 1:
             raise ValueError(f"prompts_per_batch must be >= 1, got {self.prompts_per_batch!r}")
+        if self.stage2_objective not in ("anchor", "prompt"):
+            raise ValueError(f"stage2_objective must be 'anchor' or 'prompt', got {self.stage2_objective!r}")
         if not 0.0 < self.stage1_share <= 1.0:
             raise ValueError(f"stage1_share must be in (0, 1], got {self.stage1_share!r}")
         if self.min_per_prompt < 2:
@@ -135,7 +139,8 @@ class BenchConfig:
 
     def allocation(self) -> AllocationSettings:
         return AllocationSettings(
-            budget=self.budget, stage1_share=self.stage1_share, min_per_prompt=self.min_per_prompt, pcl_keep_share=self.pcl_keep_share
+            budget=self.budget, stage1_share=self.stage1_share, min_per_prompt=self.min_per_prompt, pcl_keep_share=self.pcl_keep_share,
+            stage2_objective=self.stage2_objective,
         )
 
 

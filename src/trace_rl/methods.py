@@ -19,7 +19,7 @@ from typing import Literal
 
 import numpy as np
 
-from trace_rl.allocate import allocate_roots, expand_prefixes, knapsack_roots, pcl_roots, random_prefixes, uniform_roots
+from trace_rl.allocate import allocate_roots, expand_for_prompts, expand_prefixes, knapsack_roots, pcl_roots, random_prefixes, uniform_roots
 from trace_rl.predictor import PredictorKind
 
 
@@ -39,13 +39,18 @@ class AllocationSettings:
     """A bare rollout counts as a success (Stage 2's observed outcome r) when its reward exceeds this."""
     pcl_keep_share: float = 0.5
     """PCL: share of the candidate prompts kept (the candidate pool is 1 / share times larger)."""
+    stage2_objective: Literal["anchor", "prompt"] = "anchor"
+    """TRACE's Stage 2: `anchor` (the paper's: Σ over prefixes of the chance an anchor turns mixed) or
+    `prompt` (the expected number of prompts that end mixed, `allocate.expand_for_prompts`)."""
 
 
 Stage1Allocator = Callable[[np.ndarray, int, AllocationSettings, "np.ndarray | None"], np.ndarray]
 """(root values v, Stage-1 budget, settings, known) -> rollouts per prompt (int64, summing to the budget).
 `known` marks the prompts whose value the predictor vouches for (None: all; see `KnowsPrompts`)."""
-Stage2Allocator = Callable[[np.ndarray, np.ndarray, int, AllocationSettings, np.random.Generator], np.ndarray]
-"""(prefix values ṽ, observed outcomes r, Stage-2 budget, settings, rng) -> continuations per prefix."""
+Stage2Allocator = Callable[..., np.ndarray]
+"""(prefix values ṽ, observed outcomes r, Stage-2 budget, settings, rng, *, prompts, mixed) -> continuations
+per prefix; `prompts` names each prefix's prompt and `mixed` says whether that prompt's bare rollouts
+already mixed (for the `prompt` objective)."""
 
 
 def uniform_stage1(v: np.ndarray, budget: int, s: AllocationSettings, known: np.ndarray | None = None) -> np.ndarray:
@@ -65,11 +70,17 @@ def pcl_stage1(v: np.ndarray, budget: int, s: AllocationSettings, known: np.ndar
     return pcl_roots(v, budget, keep=keep, min_per_prompt=s.min_per_prompt)
 
 
-def expand_stage2(v: np.ndarray, r: np.ndarray, budget: int, s: AllocationSettings, rng: np.random.Generator) -> np.ndarray:
+def expand_stage2(
+    v: np.ndarray, r: np.ndarray, budget: int, s: AllocationSettings, rng: np.random.Generator, *, prompts: np.ndarray, mixed: np.ndarray
+) -> np.ndarray:
+    if s.stage2_objective == "prompt":
+        return expand_for_prompts(v, r, prompts, mixed, budget, max_per_prefix=s.max_per_prefix)
     return expand_prefixes(v, r, budget, max_per_prefix=s.max_per_prefix)
 
 
-def random_stage2(v: np.ndarray, r: np.ndarray, budget: int, s: AllocationSettings, rng: np.random.Generator) -> np.ndarray:
+def random_stage2(
+    v: np.ndarray, r: np.ndarray, budget: int, s: AllocationSettings, rng: np.random.Generator, *, prompts: np.ndarray, mixed: np.ndarray
+) -> np.ndarray:
     return random_prefixes(v.size, budget, rng=rng, max_per_prefix=s.max_per_prefix)
 
 

@@ -136,7 +136,10 @@ def plan_prefixes(
         if index not in backups:
             backups[index] = trees[index].backup().values
     outcomes = np.array([backups[i][n] > settings.success_threshold for i, n in candidates], dtype=np.float64)
-    per_prefix = method.stage2(values, outcomes, budget, settings, rng) if candidates else np.zeros(0, dtype=np.int64)
+    prompts = np.array([index for index, _ in candidates], dtype=np.int64)
+    mixed_trees = {index: _mixed(trees[index], settings.success_threshold) for index in backups}
+    mixed = np.array([mixed_trees[index] for index, _ in candidates], dtype=bool)
+    per_prefix = method.stage2(values, outcomes, budget, settings, rng, prompts=prompts, mixed=mixed) if candidates else np.zeros(0, dtype=np.int64)
     requests = []
     for (index, node_id), v, k in zip(candidates, values, per_prefix):
         node = trees[index].nodes[node_id]
@@ -146,6 +149,12 @@ def plan_prefixes(
             node.budget = int(k)
             requests.append(Request(index, node_id, int(k)))
     return requests + leftover_requests(trees, budget - int(per_prefix.sum()))
+
+
+def _mixed(tree: RolloutTree, threshold: float) -> bool:
+    """Whether a tree's leaves so far hold both a success and a failure."""
+    successes = tree.leaf_rewards() > threshold
+    return bool(successes.any() and not successes.all())
 
 
 def _checked(values: np.ndarray | None, count: int, what: str) -> tuple[np.ndarray, bool]:
