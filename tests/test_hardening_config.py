@@ -81,6 +81,7 @@ OUT_OF_RANGE: dict[str, list[str]] = {
     "rollout.top_p": ["0", "1.5"],
     "rollout.success_threshold": ["-0.5", "1"],
     "rollout.env_workers": ["0"],
+    "rollout.workers": ["0", "2"],  # 2 with rollout.backend=local: workers are Ray actors
     "predictor.num_features": ["1", "1000000000000"],
     "predictor.max_ngram": ["0"],
     "predictor.learning_rate": ["0"],
@@ -126,6 +127,7 @@ UNCONSTRAINED: dict[str, str] = {
     "task.format": "a Literal: every choice is a setting",
     "task.sandbox.isolation": "a Literal: every choice is a setting (an unusable one fails with its own one-line error)",
     "rollout.method": "a Literal: every method is a setting",
+    "rollout.backend": "a Literal: every choice is a setting (ray is refused only where the ray package is missing)",
     "train.update": "a Literal: every choice is a setting",
     "train.precision": "a Literal: every choice is a setting",
     "sft.precision": "a Literal: every choice is a setting",

@@ -11,7 +11,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tree", "contrast", "allocate", "config", "progress", "rundir", "advantage", "http_deadline"),
     ("predictor", "metrics", "methods", "plan", "sim"),
     ("agent", "engine", "models"),
-    ("rollout", "bench"),
+    ("rollout", "bench", "distributed"),
     ("train",),
     ("report",),
     ("run", "compare"),

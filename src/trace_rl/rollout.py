@@ -9,26 +9,35 @@ order of DESIGN.md §2:
    continuations from each chosen prefix (its env is restored from the snapshot taken when the
    prefix was made; its `k` first turns share one prefill).
 
-What a method does is its `MethodSpec` (`trace_rl.methods`); the collector only executes requests.
-Generation is batched across all in-flight rollouts, one turn at a time; the tool calls of a round
-run concurrently in a thread pool (tools are I/O or subprocess bound). Everything one `collect`
-keeps (snapshots of prefixes, tasks) lives in that call's `_Batch`, keyed by tree index and node id.
+What a method does is its `MethodSpec` (`trace_rl.methods`); the collector plans, in this process,
+and an `Executor` executes the requests: `RolloutRunner` here (the default), or `trace_rl.distributed`'s
+Ray workers (`rollout.backend: ray`), each running a `RolloutRunner` on some of the trees. Generation
+is batched across all in-flight rollouts, one turn at a time; the tool calls of a round run
+concurrently in a thread pool (tools are I/O or subprocess bound). Everything one `collect` keeps
+(snapshots of prefixes, tasks) lives in that call's `Batch`, keyed by tree index and node id.
+
+Seeds: each execution draws one seed from the collector's RNG, and every engine call of it takes a
+seed derived from that one and from which call it is (`call_seed`: the start of the rollouts of one
+count, or one turn round), never from which trees share the call. With an engine whose samples
+depend only on (seed, prompt, occurrence of the prompt in the call), as the `hf` engine's do, a
+worker running some of the trees draws exactly the tokens a local run draws for them.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
 from trace_rl.agent.env import Env, EnvSnapshot, StepResult
 from trace_rl.agent.types import Task
-from trace_rl.config import FieldError, check_range
+from trace_rl.config import FieldError, check_choice, check_range
 from trace_rl.engine.base import Completion, Engine, SamplingParams
 from trace_rl.methods import AllocationSettings, MethodName, MethodSpec, get_method
 from trace_rl.metrics import tree_metrics
@@ -77,7 +86,14 @@ class RolloutConfig:
     success_threshold: float = 0.5
     """A leaf counts as a success for Stage 2's observed outcome r when its reward exceeds this."""
     env_workers: int = 4
-    """Threads that run tool calls concurrently."""
+    """Threads that run tool calls concurrently (in each worker)."""
+    backend: Literal["local", "ray"] = "local"
+    """Where rollouts are executed: `local` in this process, or `ray` on `workers` Ray actors (extra
+    `ray`, `trace_rl.distributed`), each with its own engine and env. Planning stays here either way, and
+    the same seed gives the same trees."""
+    workers: int = 1
+    """Ray actors that execute rollouts (`backend: ray`); each takes whole trees, so the branches of a
+    tree hit one engine's prefix cache."""
 
     def __post_init__(self) -> None:
         get_method(self.method)  # raises with the known names
@@ -96,6 +112,12 @@ class RolloutConfig:
         check_range(self, "top_p", gt=0, le=1)
         check_range(self, "success_threshold", ge=0, lt=1, why="rewards lie in [0, 1] and a success is a reward above it")
         check_range(self, "env_workers", ge=1)
+        check_choice(self, "backend", ("local", "ray"))
+        check_range(self, "workers", ge=1)
+        if self.backend == "local" and self.workers != 1:
+            raise FieldError("workers", self.workers, "1 when rollout.backend is local (workers are Ray actors: set rollout.backend=ray)")
+        if self.backend == "ray" and importlib.util.find_spec("ray") is None:
+            raise FieldError("backend", self.backend, "local unless the ray package is installed (pip install 'trace-rl[ray]')")
 
     @property
     def spec(self) -> MethodSpec:
@@ -144,9 +166,10 @@ class RolloutBatch:
 
 
 @dataclass
-class _Batch:
+class Batch:
     """What one `collect` / `sample` call keeps while it runs: trees, their tasks, the env state at
-    every unfinished node (keyed by tree index and node id), token counts and timings."""
+    every unfinished node (keyed by tree index and node id), token counts and timings. An `Executor`
+    grows its trees and adds the states of the nodes it makes."""
 
     trees: list[RolloutTree]
     tasks: list[Task]
@@ -172,12 +195,35 @@ class _Rollout:
     """No turn appended yet: the next turn starts a new rollout at `node`."""
 
 
+class Executor(Protocol):
+    """Executes requests: `run` samples every requested rollout to its end, growing `batch.trees`,
+    adding the env state of every unfinished node it makes to `batch.states`, and its token counts and
+    timings to `batch.tokens` / `batch.timings`. The seeds of its engine calls derive from `seed` alone
+    (`call_seed`), so one seed gives the same trees however the batch is split among workers."""
+
+    def run(self, batch: Batch, requests: list[Request], *, seed: int, temperature: float | None = None) -> None: ...
+
+
+START, ROUND = 0, 1
+"""`call_seed` phases: the first turns of the rollouts of one count (index: the count), or one later
+turn round of every rollout still in flight (index: the round, from 1)."""
+
+
+def call_seed(seed: int, phase: int, index: int) -> int:
+    """The seed of one engine call of an execution: a function of (execution seed, phase, index) only.
+    Every rollout takes its first turn in its count's START call and turn t + 1 in ROUND t, whichever
+    trees share the call, so a worker holding some of the trees makes the same calls for them."""
+    return int(np.random.SeedSequence([seed, phase, index]).generate_state(1)[0] % (2**31 - 1))
+
+
 class TreeRolloutCollector:
     """Samples trees for a batch of tasks with a policy engine, an env, a predictor and the method's plan.
 
     `tokenizer` is the policy's Hugging Face tokenizer: prompts are rendered with its chat template
     and observations are tokenized with it, so the engine works on token ids end to end. `env` is
-    any `Env`; each rollout runs in its own `env.spawn()`.
+    any `Env`; each rollout runs in its own `env.spawn()`. `executor` executes the plans (default: a
+    `RolloutRunner` on `engine` and `env` here; `rollout.backend: ray` needs one from
+    `trace_rl.distributed`, which `trace_rl.run.build_parts` passes).
     """
 
     def __init__(
@@ -189,7 +235,10 @@ class TreeRolloutCollector:
         config: RolloutConfig,
         *,
         seed: int = 0,
+        executor: Executor | None = None,
     ) -> None:
+        if executor is None and config.backend != "local":
+            raise ValueError(f"rollout.backend={config.backend!r} needs its executor (trace_rl.distributed.RayExecutor), as trace_rl.run.build_parts passes")
         self.engine = engine
         self.tokenizer = tokenizer
         self.env = env
@@ -197,7 +246,7 @@ class TreeRolloutCollector:
         self.config = config
         self.method = config.spec
         self.rng = np.random.default_rng(seed)
-        self._stop = env.stop_strings()
+        self.executor = executor if executor is not None else RolloutRunner(engine, tokenizer, env, config)
 
     def state_dict(self) -> dict[str, Any]:
         """The sampling RNG, so a resumed run draws what the unbroken one would have."""
@@ -269,9 +318,9 @@ class TreeRolloutCollector:
             trees += batch.trees
         return trees
 
-    def _new_batch(self, tasks: Sequence[Task]) -> _Batch:
+    def _new_batch(self, tasks: Sequence[Task]) -> Batch:
         """One tree per task (its prompt as the root) and the env state at each root."""
-        batch = _Batch(trees=[], tasks=list(tasks))
+        batch = Batch(trees=[], tasks=list(tasks))
         for index, task in enumerate(tasks):
             env = self.env.spawn()
             env.reset(task)
@@ -280,15 +329,29 @@ class TreeRolloutCollector:
             batch.trees.append(RolloutTree.new(task.task_id, task.question, prompt_ids, meta={"source": task.source}))
         return batch
 
-    def _has_room(self, batch: _Batch, tree: int, node: int) -> bool:
+    def _has_room(self, batch: Batch, tree: int, node: int) -> bool:
         """Whether a prefix leaves room in the context for one more turn (and its env state is known)."""
         room = self.config.max_context_tokens - len(batch.context(tree, node))
         return room >= self.config.max_new_tokens and (tree, node) in batch.states
 
-    # ------------------------------------------------------------------ execution
+    def _run(self, batch: Batch, requests: list[Request], *, temperature: float | None = None) -> None:
+        """Execute `requests` with one seed drawn here (so the draws do not depend on the executor)."""
+        self.executor.run(batch, requests, seed=int(self.rng.integers(2**31 - 1)), temperature=temperature)
 
-    def _run(self, batch: _Batch, requests: list[Request], *, temperature: float | None = None) -> None:
-        """Sample every requested rollout to its end, one turn per round for all of them."""
+
+class RolloutRunner:
+    """The execution loop: samples requested rollouts to their end with an engine and an env, one turn
+    per round for all of them. The local `Executor`, and what each Ray worker runs on its trees."""
+
+    def __init__(self, engine: Engine, tokenizer: Any, env: Env, config: RolloutConfig) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.env = env
+        self.config = config
+        self._stop = env.stop_strings()
+
+    def run(self, batch: Batch, requests: list[Request], *, seed: int, temperature: float | None = None) -> None:
+        """Sample every requested rollout to its end (see `Executor`)."""
         cfg = self.config
         pending: list[tuple[_Rollout, Completion]] = []
         by_count: dict[int, list[Request]] = defaultdict(list)
@@ -296,13 +359,14 @@ class TreeRolloutCollector:
             by_count[request.count].append(request)
         for count, group in sorted(by_count.items()):
             contexts = [batch.context(r.tree, r.node) for r in group]
-            completions = self._generate(batch, contexts, count, temperature)
+            completions = self._generate(batch, contexts, count, call_seed(seed, START, count), temperature)
             for request, context, outs in zip(group, contexts, completions):
                 for out in outs:
                     env = self.env.spawn()
                     env.restore(batch.states[(request.tree, request.node)])
                     pending.append((_Rollout(request.tree, request.node, list(context), env), out))
         with ThreadPoolExecutor(max_workers=cfg.env_workers) as pool:
+            turn_round = 0
             while pending:
                 begin = time.perf_counter()
                 results = list(pool.map(lambda item: item[0].env.step(item[1].text), pending))
@@ -310,11 +374,12 @@ class TreeRolloutCollector:
                 active = [r for (r, out), res in zip(pending, results) if not self._record(batch, r, out, res)]
                 if not active:
                     break
-                outs = self._generate(batch, [r.context for r in active], 1, temperature)
+                turn_round += 1
+                outs = self._generate(batch, [r.context for r in active], 1, call_seed(seed, ROUND, turn_round), temperature)
                 pending = [(r, o[0]) for r, o in zip(active, outs)]
 
     def _generate(
-        self, batch: _Batch, contexts: list[list[int]], n: int, temperature: float | None = None
+        self, batch: Batch, contexts: list[list[int]], n: int, seed: int, temperature: float | None = None
     ) -> list[list[Completion]]:
         cfg = self.config
         params = SamplingParams(
@@ -323,7 +388,7 @@ class TreeRolloutCollector:
             top_p=cfg.top_p,
             max_new_tokens=cfg.max_new_tokens,
             stop=self._stop,
-            seed=int(self.rng.integers(2**31 - 1)),
+            seed=seed,
         )
         begin = time.perf_counter()
         outs = self.engine.generate(contexts, params)
@@ -332,7 +397,7 @@ class TreeRolloutCollector:
         batch.tokens["generated"] += sum(len(o.token_ids) for group in outs for o in group)
         return outs
 
-    def _record(self, batch: _Batch, rollout: _Rollout, out: Completion, result: StepResult) -> bool:
+    def _record(self, batch: Batch, rollout: _Rollout, out: Completion, result: StepResult) -> bool:
         """Append the turn to the tree; returns True when the rollout has ended."""
         cfg = self.config
         obs_ids = encode_observation(self.tokenizer, result.observation)

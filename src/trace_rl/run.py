@@ -9,6 +9,7 @@ loaded, before any of it is built.
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -34,7 +35,13 @@ from trace_rl.config import (
 from trace_rl.engine.base import Engine
 from trace_rl.predictor import PredictorConfig, SuccessPredictor
 from trace_rl.predictor import build_predictor as make_predictor
-from trace_rl.rollout import RolloutConfig, TreeRolloutCollector, encode_prompt
+from trace_rl.rollout import (
+    Executor,
+    RolloutConfig,
+    RolloutRunner,
+    TreeRolloutCollector,
+    encode_prompt,
+)
 from trace_rl.rundir import RunDir, RunDirError, RunDirWarning
 from trace_rl.train.sft import SFTConfig, warm_start
 from trace_rl.train.trainer import (
@@ -241,8 +248,41 @@ def build_parts(config: RunConfig, *, progress: Callable[[int, float], None] | N
     check_context_room(config, policy.tokenizer, env, (train, test))
     engine = build_engine(model, policy)
     predictor = build_predictor(config)
-    collector = TreeRolloutCollector(engine, policy.tokenizer, env, predictor, config.rollout, seed=config.seed)
+    executor = build_executor(config, name, engine, policy) if config.rollout.backend == "ray" else None
+    collector = TreeRolloutCollector(engine, policy.tokenizer, env, predictor, config.rollout, seed=config.seed, executor=executor)
     return Parts(train=train, test=test, env=env, policy=policy, engine=engine, predictor=predictor, collector=collector)
+
+
+def build_executor(config: RunConfig, policy_name: str, engine: Engine, policy: Any) -> Executor:
+    """`rollout.workers` Ray actors (`trace_rl.distributed`), each built by `build_worker`; they sample
+    `policy`'s weights, pushed whenever `engine` (the one the trainer updates) gets a new version.
+    On CUDA each actor asks Ray for a GPU, or an equal share of the GPUs there are."""
+    import torch
+
+    from trace_rl.distributed import RayExecutor
+
+    workers = config.rollout.workers
+    gpus = min(1.0, torch.cuda.device_count() / workers) if torch.device(config.model.device).type == "cuda" else 0.0
+    weights = policy.model if engine.accepts_weights else None
+    return RayExecutor(functools.partial(build_worker, config, policy_name), workers, engine=engine, model=weights, num_gpus=gpus)
+
+
+def build_worker(config: RunConfig, policy_name: str) -> tuple[RolloutRunner, Any]:
+    """One Ray rollout worker's runner and model (`trace_rl.distributed.WorkerBuild`), made inside the
+    actor as `build_parts` makes the main process's: the RL split's env, the policy loaded from
+    `policy_name` (the warm-started folder, already made by the main process), its engine."""
+    import torch
+
+    from trace_rl.models import load_policy
+
+    torch.set_num_threads(config.model.cpu_threads)
+    model = config.model
+    if torch.device(model.device).type == "cuda":
+        model = replace(model, device="cuda")  # Ray makes the actor's GPU its only visible one
+    env = build_env(config, task_splits(config)[1])
+    policy = load_policy(policy_name, seed=config.seed, dtype=model.dtype, device=model.device)
+    engine = build_engine(model, policy)
+    return RolloutRunner(engine, policy.tokenizer, env, config.rollout), policy.model if engine.accepts_weights else None
 
 
 def build_engine(model: ModelConfig, policy: Any) -> Engine:
@@ -326,6 +366,8 @@ RESUMABLE_CHANGES = frozenset(
     {
         *(f"train.{k}" for k in ("steps", "eval_every", "eval_samples", "checkpoint_every", "save_trees", "tensorboard", "wandb_project")),
         *(f"model.{k}" for k in ("cpu_threads", "max_batch_size", "prefix_cache_mb", "device", "server_urls", "server_timeout_s", "server_retries", "server_retry_wait_s")),
+        "rollout.backend",
+        "rollout.workers",
     }
 )
 """Config keys a resume may change: how long the run goes, how it is evaluated, recorded and executed.

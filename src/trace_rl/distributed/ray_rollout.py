@@ -1,0 +1,139 @@
+"""Ray rollout workers: the collector plans here, N actors execute.
+
+`RayExecutor` is the collector's `Executor` for `rollout.backend: ray`. Stage 1 and Stage 2 stay in
+the main process, exact over the whole batch; each `run` (one stage's requests) goes to the actors:
+
+- **Whole trees per worker.** `partition` gives each worker whole trees (all requests of a tree, so
+  its branches hit one engine's prefix cache), balanced by requested rollouts; trees with the same
+  prompt go together, since the engine keys samples on a prompt's occurrences within one call.
+- **One execution loop.** Each actor (`RolloutWorker`) holds its own engine, tokenizer and env, built
+  inside it by a picklable `WorkerBuild` (`trace_rl.run.build_worker`: from the run's config, as
+  `build_parts` builds them), and runs the local `RolloutRunner` on the trees it is sent, with their
+  env states, the requests and the execution's seed. It sends back the grown trees, the env states
+  of the nodes it made (Stage 2 restores them), and its token counts and timings; they are merged
+  into the batch in tree order. Token counts add up; `timing_s/gen` and `timing_s/env` are the
+  slowest worker's (the workers run at once), not the sum.
+- **The same trees.** Engine seeds derive from the execution's seed and the call's place in the loop
+  (`trace_rl.rollout.call_seed`), and the `hf` engine keys each sample on (seed, prompt, occurrence,
+  position), so the actors draw what the local collector draws, up to float rounding: a prefix
+  served from a different cache can move logits by ~1e-6. `rollout/tokens_prefill` differs, since each
+  worker's cache holds only its own trees' prefixes.
+- **Current weights.** Before a run, when the main engine's `weight_version` has moved since the last
+  push (and at the first run, so weights loaded without a version bump also reach the actors), the
+  main model's state dict goes into the object store once (`ray.put`) and every actor loads it and
+  calls its engine's `update_weights` (which empties its prefix cache).
+
+Ray starts on first use unless it is already running (`ray.init` honours `RAY_ADDRESS`, so a
+cluster is joined the same way); it is never started twice. A Ray this starts does not forward the
+actors' output (`log_to_driver=False`: a command's stdout ends with its JSON line); an actor's error
+reaches the caller through `ray.get`. Actors are spread over the nodes (`SPREAD`) and end when the
+executor is garbage-collected.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ray
+
+from trace_rl.engine.base import Engine
+from trace_rl.plan import Request
+from trace_rl.rollout import Batch, RolloutRunner
+
+WorkerBuild = Callable[[], tuple[RolloutRunner, Any]]
+"""Called inside each actor: its `RolloutRunner` (own engine, tokenizer, env, rollout config) and the
+model its engine samples from, which loads the pushed weights (None: the engine holds no weights, e.g.
+a server). Must pickle (a `functools.partial` of a module-level function)."""
+
+
+def partition(batch: Batch, requests: Sequence[Request], workers: int) -> list[list[int]]:
+    """Tree indices per worker, each list ascending; only trees with requests. Trees with the same
+    prompt stay together; groups go largest first (by requested rollouts) to the least loaded worker,
+    ties to the lower index, so the split is a function of the requests alone."""
+    counts: dict[int, int] = defaultdict(int)
+    for request in requests:
+        counts[request.tree] += request.count
+    groups: dict[tuple[int, ...], list[int]] = defaultdict(list)
+    for tree in sorted(counts):
+        groups[tuple(batch.trees[tree].root.token_ids)].append(tree)
+    loads, parts = [0] * workers, [[] for _ in range(workers)]
+    for group in sorted(groups.values(), key=lambda g: (-sum(counts[t] for t in g), g[0])):
+        worker = min(range(workers), key=lambda w: (loads[w], w))
+        parts[worker] += group
+        loads[worker] += sum(counts[t] for t in group)
+    return [sorted(part) for part in parts]
+
+
+class RolloutWorker:
+    """One Ray actor: its own engine, tokenizer and env, executing the trees it is sent."""
+
+    def __init__(self, build: WorkerBuild) -> None:
+        self.runner, self.model = build()
+
+    def load_weights(self, state: dict[str, Any], version: int) -> None:
+        """Sample from `state` from now on (`Engine.update_weights` semantics: version, empty cache)."""
+        self.model.load_state_dict(state)
+        self.runner.engine.update_weights(self.model, version=version)
+
+    def run(self, part: Batch, requests: list[Request], seed: int, temperature: float | None) -> Batch:
+        """`part` grown by `requests`; its `states` hold only the states of the nodes made here."""
+        given = set(part.states)
+        self.runner.run(part, requests, seed=seed, temperature=temperature)
+        part.states = {key: state for key, state in part.states.items() if key not in given}
+        return part
+
+
+class RayExecutor:
+    """Executes a collector's requests on `workers` Ray actors (see the module docstring).
+
+    `engine` is the main process's engine, the one the trainer updates: its `weight_version` says when
+    to push `model`'s weights (None: never, for engines without weights here). `num_gpus` is each
+    actor's share of a GPU (0 on CPU).
+    """
+
+    def __init__(self, build: WorkerBuild, workers: int, *, engine: Engine, model: Any | None, num_gpus: float = 0.0) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        if not ray.is_initialized():
+            ray.init(include_dashboard=False, log_to_driver=False)
+        actor = ray.remote(RolloutWorker).options(num_gpus=num_gpus, scheduling_strategy="SPREAD")
+        self.workers = [actor.remote(build) for _ in range(workers)]
+        self.engine = engine
+        self.model = model
+        self._pushed: int | None = None
+
+    def run(self, batch: Batch, requests: list[Request], *, seed: int, temperature: float | None = None) -> None:
+        self._push_weights()
+        calls = []
+        for worker, trees in zip(self.workers, partition(batch, requests, len(self.workers))):
+            if not trees:
+                continue
+            local = {tree: index for index, tree in enumerate(trees)}
+            mine = [Request(local[r.tree], r.node, r.count) for r in requests if r.tree in local]
+            part = Batch(
+                trees=[batch.trees[t] for t in trees],
+                tasks=[batch.tasks[t] for t in trees],
+                states={(r.tree, r.node): batch.states[(trees[r.tree], r.node)] for r in mine},
+            )
+            calls.append((trees, worker.run.remote(part, mine, seed, temperature)))
+        slowest: dict[str, float] = defaultdict(float)
+        for (trees, _), part in zip(calls, ray.get([ref for _, ref in calls])):
+            for index, tree in enumerate(part.trees):
+                batch.trees[trees[index]] = tree
+            batch.states.update({(trees[index], node): state for (index, node), state in part.states.items()})
+            for key, count in part.tokens.items():
+                batch.tokens[key] += count
+            for key, seconds in part.timings.items():
+                slowest[key] = max(slowest[key], seconds)
+        for key, seconds in slowest.items():
+            batch.timings[key] += seconds
+
+    def _push_weights(self) -> None:
+        """Every actor loads the main model's weights when their version has moved (or before the first run)."""
+        if self.model is None or self.engine.weight_version == self._pushed:
+            return
+        state = ray.put({key: value.detach().cpu() for key, value in self.model.state_dict().items()})
+        ray.get([worker.load_weights.remote(state, self.engine.weight_version) for worker in self.workers])
+        self._pushed = self.engine.weight_version
