@@ -205,6 +205,26 @@ def test_per_tree_collection_gives_every_tree_its_own_budget_planned_on_its_own_
         assert sum(n.budget for n in tree.nodes) == 6
 
 
+def test_stage2_objective_prompt_spends_stage_2_where_a_prompt_can_still_turn_mixed(world):
+    """`rollout.stage2_objective: prompt`: the collector's Stage 2 is `expand_for_prompts` on each
+    prefix's prompt and on whether that prompt's bare rollouts already mixed."""
+    from trace_rl.allocate import expand_for_prompts
+
+    taskset, env, tokenizer, turns = world
+    config = RolloutConfig(method="trace", budget=40, stage1_share=0.5, max_new_tokens=32, stage2_objective="prompt")
+    trees = TreeRolloutCollector(ScriptedEngine(tokenizer, turns), tokenizer, env, FixedValues(), config, seed=3).collect(taskset.tasks[:8]).trees
+    replay = [_bare(t) for t in trees]
+    originals = [[n.id for n in t.nodes if n.id == 0 or n.rollout_start == 0] for t in trees]
+    candidates = prefix_candidates(replay, lambda i, n: trees[i].nodes[originals[i][n]].predicted is not None)
+    values = np.array([trees[i].nodes[originals[i][n]].predicted for i, n in candidates])
+    outcomes = np.array([replay[i].backup().values[n] > 0.5 for i, n in candidates], dtype=np.float64)
+    bare_success = [t.leaf_rewards() > 0.5 for t in replay]
+    mixed = np.array([bare_success[i].any() and not bare_success[i].all() for i, _ in candidates])
+    expected = expand_for_prompts(values, outcomes, [i for i, _ in candidates], mixed, config.stage2_budget)
+    assert [trees[i].nodes[originals[i][n]].budget for i, n in candidates] == expected.tolist()
+    assert not mixed.all(), "every prompt mixed: the test would not tell the objectives apart"
+
+
 def test_with_the_prefix_cache_a_batch_prefills_little_more_than_its_prompts_and_observations(world, tmp_path):
     """Real tiny policy and HF engine: each turn prefills only its new observation (and the token
     before it), a continuation only what its prefix did not hold; the trees are those of a run

@@ -87,6 +87,10 @@ class RolloutConfig:
     """A leaf counts as a success for Stage 2's observed outcome r when its reward exceeds this."""
     env_workers: int = 4
     """Threads that run tool calls concurrently (in each worker)."""
+    stage2_objective: Literal["anchor", "prompt"] = "anchor"
+    """What TRACE's Stage 2 maximises: `anchor`, the paper's Σ over prefixes of the chance that an anchor
+    turns mixed; `prompt`, the expected number of prompts that end mixed (what the effective ratio
+    counts: `trace_rl.allocate.expand_for_prompts`). `benchmarks/stage2_objective.py` compares them."""
     backend: Literal["local", "ray"] = "local"
     """Where rollouts are executed: `local` in this process, or `ray` on `workers` Ray actors (extra
     `ray`, `trace_rl.distributed`), each with its own engine and env. Planning stays here either way, and
@@ -112,6 +116,7 @@ class RolloutConfig:
         check_range(self, "top_p", gt=0, le=1)
         check_range(self, "success_threshold", ge=0, lt=1, why="rewards lie in [0, 1] and a success is a reward above it")
         check_range(self, "env_workers", ge=1)
+        check_choice(self, "stage2_objective", ("anchor", "prompt"))
         check_choice(self, "backend", ("local", "ray"))
         check_range(self, "workers", ge=1)
         if self.backend == "local" and self.workers != 1:
@@ -133,6 +138,7 @@ class RolloutConfig:
             max_per_prefix=self.max_per_prefix,
             success_threshold=self.success_threshold,
             pcl_keep_share=self.pcl_keep_share,
+            stage2_objective=self.stage2_objective,
         )
 
     @property
