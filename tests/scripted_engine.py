@@ -1,5 +1,7 @@
 """A scripted engine for collector and trainer tests: real token ids, turns chosen by a script."""
 
+import zlib
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -35,6 +37,28 @@ class ScriptedEngine:
             menu = list(self.menu_for(self.tokenizer.decode(prompt)))
             group = []
             for _ in range(params.n):
+                text = menu[int(rng.integers(len(menu)))]
+                ids = self.tokenizer.encode(text, add_special_tokens=False)
+                group.append(Completion(ids, [float(-np.log(len(menu)))] * len(ids), text, "stop"))
+            out.append(group)
+        return out
+
+
+class KeyedScriptedEngine(ScriptedEngine):
+    """The scripted engine with draws keyed as the `hf` engine keys them: on (seed, prompt, occurrence
+    of that prompt in the call), never on the other prompts of the call."""
+
+    def generate(self, prompts, params: SamplingParams) -> list[list[Completion]]:
+        self.calls.append((len(prompts), params.n))
+        seen: Counter[tuple[int, ...]] = Counter()
+        out = []
+        for prompt in prompts:
+            key = tuple(prompt)
+            menu = list(self.menu_for(self.tokenizer.decode(prompt)))
+            group = []
+            for _ in range(params.n):
+                rng = np.random.default_rng([params.seed, zlib.crc32(repr(key).encode()), seen[key]])
+                seen[key] += 1
                 text = menu[int(rng.integers(len(menu)))]
                 ids = self.tokenizer.encode(text, add_special_tokens=False)
                 group.append(Completion(ids, [float(-np.log(len(menu)))] * len(ids), text, "stop"))

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 import zlib
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -21,11 +20,12 @@ ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
 
 import scripted_engine
-from scripted_engine import ScriptedEngine
+from scripted_engine import KeyedScriptedEngine, ScriptedEngine
 
 from trace_rl.agent.env import ToolEnv
 from trace_rl.agent.tasks import load_taskset
-from trace_rl.distributed import RayExecutor, partition
+from trace_rl.distributed.ray_rollout import RayExecutor
+from trace_rl.distributed.split import partition
 from trace_rl.engine.base import Completion, SamplingParams
 from trace_rl.engine.hf import HFEngine
 from trace_rl.models import TinyConfig, build_tokenizer, load_policy
@@ -71,28 +71,6 @@ def make_world():
 @pytest.fixture(scope="module")
 def world():
     return make_world()
-
-
-class KeyedScriptedEngine(ScriptedEngine):
-    """The scripted engine with draws keyed as the `hf` engine keys them: on (seed, prompt, occurrence
-    of that prompt in the call), never on the other prompts of the call."""
-
-    def generate(self, prompts, params: SamplingParams) -> list[list[Completion]]:
-        self.calls.append((len(prompts), params.n))
-        seen: Counter[tuple[int, ...]] = Counter()
-        out = []
-        for prompt in prompts:
-            key = tuple(prompt)
-            menu = list(self.menu_for(self.tokenizer.decode(prompt)))
-            group = []
-            for _ in range(params.n):
-                rng = np.random.default_rng([params.seed, zlib.crc32(repr(key).encode()), seen[key]])
-                seen[key] += 1
-                text = menu[int(rng.integers(len(menu)))]
-                ids = self.tokenizer.encode(text, add_special_tokens=False)
-                group.append(Completion(ids, [float(-np.log(len(menu)))] * len(ids), text, "stop"))
-            out.append(group)
-        return out
 
 
 class FixedValues:

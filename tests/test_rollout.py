@@ -4,7 +4,7 @@ import zlib
 
 import numpy as np
 import pytest
-from scripted_engine import ScriptedEngine
+from scripted_engine import KeyedScriptedEngine, ScriptedEngine
 
 from trace_rl.agent.env import ToolEnv
 from trace_rl.agent.tasks import load_taskset
@@ -223,6 +223,58 @@ def test_stage2_objective_prompt_spends_stage_2_where_a_prompt_can_still_turn_mi
     expected = expand_for_prompts(values, outcomes, [i for i, _ in candidates], mixed, config.stage2_budget)
     assert [trees[i].nodes[originals[i][n]].budget for i, n in candidates] == expected.tolist()
     assert not mixed.all(), "every prompt mixed: the test would not tell the objectives apart"
+
+
+def untimed(trees) -> list[dict]:
+    """The trees as data, without the tool calls' wall times."""
+    out = [t.to_dict() for t in trees]
+    for tree in out:
+        for node in tree["nodes"]:
+            (node.get("info") or {}).pop("tool_seconds", None)
+    return out
+
+
+class SplitRunner:
+    """An `Executor` that splits each execution among `workers` runners as the Ray backend does
+    (`trace_rl.distributed.split`), in this process: no Ray needed to pin down its seeding."""
+
+    def __init__(self, runners):
+        self.runners = runners
+
+    def run(self, batch, requests, *, seed, temperature=None):
+        from collections import defaultdict
+
+        from trace_rl.distributed.split import merge, part_of, partition
+
+        slowest = defaultdict(float)
+        for runner, trees in zip(self.runners, partition(batch, requests, len(self.runners))):
+            if trees:
+                part, mine = part_of(batch, requests, trees)
+                given = set(part.states)
+                runner.run(part, mine, seed=seed, temperature=temperature)
+                part.states = {key: state for key, state in part.states.items() if key not in given}
+                merge(batch, trees, part, slowest)
+        for key, seconds in slowest.items():
+            batch.timings[key] += seconds
+
+
+def test_a_batch_split_among_workers_grows_the_trees_a_whole_one_does(world):
+    """Engine-call seeds derive from the execution's seed and the call's phase, never from which trees
+    share a call (`rollout.call_seed`): with an engine keyed as the `hf` engine is, three workers given
+    parts of the batch grow exactly the trees one runner grows, and the collector's RNG ends equal."""
+    from trace_rl.rollout import RolloutRunner
+
+    taskset, env, tokenizer, turns = world
+    config = RolloutConfig(method="trace", budget=40, stage1_share=0.5, max_new_tokens=32)
+    whole = TreeRolloutCollector(KeyedScriptedEngine(tokenizer, turns), tokenizer, env, FixedValues(), config, seed=3)
+    runners = [RolloutRunner(KeyedScriptedEngine(tokenizer, turns), tokenizer, env, config) for _ in range(3)]
+    split = TreeRolloutCollector(KeyedScriptedEngine(tokenizer, turns), tokenizer, env, FixedValues(), config, seed=3, executor=SplitRunner(runners))
+    for _ in range(2):  # two batches: the RNG stays in step too
+        a, b = whole.collect(taskset.tasks[:8]), split.collect(taskset.tasks[:8])
+        assert untimed(a.trees) == untimed(b.trees)
+        assert a.stats["rollout/tokens_generated"] == b.stats["rollout/tokens_generated"]
+    assert sum(len(r.engine.calls) > 0 for r in runners) >= 2, "the batch was not split"
+    assert whole.rng.bit_generator.state == split.rng.bit_generator.state
 
 
 def test_with_the_prefix_cache_a_batch_prefills_little_more_than_its_prompts_and_observations(world, tmp_path):

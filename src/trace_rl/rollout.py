@@ -244,7 +244,7 @@ class TreeRolloutCollector:
         executor: Executor | None = None,
     ) -> None:
         if executor is None and config.backend != "local":
-            raise ValueError(f"rollout.backend={config.backend!r} needs its executor (trace_rl.distributed.RayExecutor), as trace_rl.run.build_parts passes")
+            raise ValueError(f"rollout.backend={config.backend!r} needs its executor (trace_rl.distributed.ray_rollout.RayExecutor), as trace_rl.run.build_parts passes")
         self.engine = engine
         self.tokenizer = tokenizer
         self.env = env

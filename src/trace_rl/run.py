@@ -259,7 +259,7 @@ def build_executor(config: RunConfig, policy_name: str, engine: Engine, policy: 
     On CUDA each actor asks Ray for a GPU, or an equal share of the GPUs there are."""
     import torch
 
-    from trace_rl.distributed import RayExecutor
+    from trace_rl.distributed.ray_rollout import RayExecutor
 
     workers = config.rollout.workers
     gpus = min(1.0, torch.cuda.device_count() / workers) if torch.device(config.model.device).type == "cuda" else 0.0
@@ -268,7 +268,7 @@ def build_executor(config: RunConfig, policy_name: str, engine: Engine, policy: 
 
 
 def build_worker(config: RunConfig, policy_name: str) -> tuple[RolloutRunner, Any]:
-    """One Ray rollout worker's runner and model (`trace_rl.distributed.WorkerBuild`), made inside the
+    """One Ray rollout worker's runner and model (`trace_rl.distributed.ray_rollout.WorkerBuild`), made inside the
     actor as `build_parts` makes the main process's: the RL split's env, the policy loaded from
     `policy_name` (the warm-started folder, already made by the main process), its engine."""
     import torch

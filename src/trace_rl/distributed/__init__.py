@@ -1,11 +1,5 @@
-"""Distributed execution (extra `ray`): Ray actors that execute a batch's rollouts while the collector
-plans in the main process (`rollout.backend: ray`, `rollout.workers: N`). Importing it needs Ray."""
+"""Distributed execution: the collector plans in the main process, workers execute a batch's rollouts.
 
-from trace_rl.distributed.ray_rollout import (
-    RayExecutor,
-    RolloutWorker,
-    WorkerBuild,
-    partition,
-)
-
-__all__ = ["RayExecutor", "RolloutWorker", "WorkerBuild", "partition"]
+`split` (no Ray needed) says which trees each worker takes and merges its result back;
+`ray_rollout` (extra `ray`) runs the workers as Ray actors (`rollout.backend: ray`, `rollout.workers: N`).
+"""

@@ -3,7 +3,7 @@
 `RayExecutor` is the collector's `Executor` for `rollout.backend: ray`. Stage 1 and Stage 2 stay in
 the main process, exact over the whole batch; each `run` (one stage's requests) goes to the actors:
 
-- **Whole trees per worker.** `partition` gives each worker whole trees (all requests of a tree, so
+- **Whole trees per worker.** `split.partition` gives each worker whole trees (all requests of a tree, so
   its branches hit one engine's prefix cache), balanced by requested rollouts; trees with the same
   prompt go together, since the engine keys samples on a prompt's occurrences within one call.
 - **One execution loop.** Each actor (`RolloutWorker`) holds its own engine, tokenizer and env, built
@@ -33,11 +33,12 @@ executor is garbage-collected.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import ray
 
+from trace_rl.distributed.split import merge, part_of, partition
 from trace_rl.engine.base import Engine
 from trace_rl.plan import Request
 from trace_rl.rollout import Batch, RolloutRunner
@@ -46,24 +47,6 @@ WorkerBuild = Callable[[], tuple[RolloutRunner, Any]]
 """Called inside each actor: its `RolloutRunner` (own engine, tokenizer, env, rollout config) and the
 model its engine samples from, which loads the pushed weights (None: the engine holds no weights, e.g.
 a server). Must pickle (a `functools.partial` of a module-level function)."""
-
-
-def partition(batch: Batch, requests: Sequence[Request], workers: int) -> list[list[int]]:
-    """Tree indices per worker, each list ascending; only trees with requests. Trees with the same
-    prompt stay together; groups go largest first (by requested rollouts) to the least loaded worker,
-    ties to the lower index, so the split is a function of the requests alone."""
-    counts: dict[int, int] = defaultdict(int)
-    for request in requests:
-        counts[request.tree] += request.count
-    groups: dict[tuple[int, ...], list[int]] = defaultdict(list)
-    for tree in sorted(counts):
-        groups[tuple(batch.trees[tree].root.token_ids)].append(tree)
-    loads, parts = [0] * workers, [[] for _ in range(workers)]
-    for group in sorted(groups.values(), key=lambda g: (-sum(counts[t] for t in g), g[0])):
-        worker = min(range(workers), key=lambda w: (loads[w], w))
-        parts[worker] += group
-        loads[worker] += sum(counts[t] for t in group)
-    return [sorted(part) for part in parts]
 
 
 class RolloutWorker:
@@ -108,25 +91,12 @@ class RayExecutor:
         self._push_weights()
         calls = []
         for worker, trees in zip(self.workers, partition(batch, requests, len(self.workers))):
-            if not trees:
-                continue
-            local = {tree: index for index, tree in enumerate(trees)}
-            mine = [Request(local[r.tree], r.node, r.count) for r in requests if r.tree in local]
-            part = Batch(
-                trees=[batch.trees[t] for t in trees],
-                tasks=[batch.tasks[t] for t in trees],
-                states={(r.tree, r.node): batch.states[(trees[r.tree], r.node)] for r in mine},
-            )
-            calls.append((trees, worker.run.remote(part, mine, seed, temperature)))
+            if trees:
+                part, mine = part_of(batch, requests, trees)
+                calls.append((trees, worker.run.remote(part, mine, seed, temperature)))
         slowest: dict[str, float] = defaultdict(float)
         for (trees, _), part in zip(calls, ray.get([ref for _, ref in calls])):
-            for index, tree in enumerate(part.trees):
-                batch.trees[trees[index]] = tree
-            batch.states.update({(trees[index], node): state for (index, node), state in part.states.items()})
-            for key, count in part.tokens.items():
-                batch.tokens[key] += count
-            for key, seconds in part.timings.items():
-                slowest[key] = max(slowest[key], seconds)
+            merge(batch, trees, part, slowest)
         for key, seconds in slowest.items():
             batch.timings[key] += seconds
 
