@@ -519,3 +519,52 @@ def test_the_brier_floor_benchmark_scores_the_truth_below_a_constant_and_counts_
         assert figures["scored_batches"] == 5 and figures["share_above_quarter"] * 5 == round(figures["share_above_quarter"] * 5)
         assert figures["max_brier"] >= figures["mean_brier"]
     assert result["rows"]["trace@oracle"]["mean_brier"] < 0.25
+
+
+def test_the_propositions_benchmark_counts_fresh_draws_per_valued_node_and_scores_held_out(tmp_path, capsys) -> None:
+    """benchmarks/propositions.py on a small recorded run: proposition 2 takes each valued node's
+    rollouts that started there (a root's 3 bare rollouts, a prefix's 2 continuations) and bins them
+    by V(1 - V); proposition 1 scores every step after the warm-up; proposition 3 reads the metrics."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    from trace_rl.tree import write_jsonl
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "propositions.py"
+    spec = importlib.util.spec_from_file_location("propositions", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    sim, rng = LatentTreeSimulator(seed=0), np.random.default_rng(0)
+    (tmp_path / "trees").mkdir()
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"rollout": {"method": "trace", "success_threshold": 0.5}}))
+    records, expanded = [], 0
+    for step in range(4):
+        trees = [sim.new_tree(p) for p in sim.sample_prompts(6, rng)]
+        for tree in trees:
+            tree.root.predicted = 0.3
+            for _ in range(3):
+                sim.rollout(tree, 0, rng)
+            parents = {n.parent for n in tree.nodes}
+            prefix = next((n.id for n in tree.nodes[1:] if n.id in parents), None)  # an intermediate prefix
+            if prefix is not None:
+                tree.nodes[prefix].predicted = 0.1
+                for _ in range(2):
+                    sim.rollout(tree, prefix, rng)  # two continuations from it
+                expanded += 1
+        write_jsonl(trees, tmp_path / "trees" / f"step_{step + 1:04d}.jsonl")
+        records.append({"step": step + 1, "tree/effective_ratio": 0.5, "tree/mixed_budget_share": 0.25 * step})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = bench.main([str(tmp_path), "--warmup", "1"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
+    potential = result["contrast_potential"]
+    assert expanded and potential["nodes"] == 4 * 6 + expanded and sum(b["nodes"] for b in potential["bins"]) == potential["nodes"]
+    roots = next(b for b in potential["bins"] if b["v_one_minus_v"][0] == 0.2)  # V = 0.3: V(1 - V) = 0.21
+    assert roots["implied"] == pytest.approx(1 - 0.3**3 - 0.7**3) and roots["nodes"] == 24
+    prefixes = next(b for b in potential["bins"] if b["v_one_minus_v"][0] == 0.05)  # V = 0.1: 0.09
+    assert prefixes["implied"] == pytest.approx(1 - 0.1**2 - 0.9**2) and prefixes["nodes"] == expanded
+    information = result["runs"][str(tmp_path)]["prefix_information"]
+    assert information["steps_scored"] == 3 and {"logloss_with_prefix", "logloss_prompt_only", "logloss_running_mean"} <= set(information)
+    assert result["allocation"] == {"trace": {"effective_ratio": 0.5, "mixed_budget_share": 0.375, "runs": 1}}
