@@ -132,6 +132,7 @@ UNCONSTRAINED: dict[str, str] = {
     "train.precision": "a Literal: every choice is a setting",
     "sft.precision": "a Literal: every choice is a setting",
     "predictor.guard": "both values are settings",
+    "predictor.turn_features": "both values are settings",
     "rollout.stage2_objective": "a Literal: every choice is a setting",
     "train.save_trees": "both values are settings",
     "train.tensorboard": "both values are settings; true is refused only where the tensorboard package is missing",

@@ -218,19 +218,20 @@ def _long_histories(count: int, seed: int, words: int = 300) -> tuple[list[Histo
 def test_one_update_on_long_texts_does_not_overshoot() -> None:
     """The demo run's failure: one AdaGrad step moved a long history's logit by lr x (active features),
     taking the first batch's loss from 0.693 to 8.46. Capped, the step leaves the batch's loss below
-    where it started; uncapped (the old update) it still overshoots."""
+    where it started; uncapped (the old update) it still overshoots. (With the turns' n-grams read,
+    as then: without them a history lights up few features.)"""
     histories, y = _long_histories(120, seed=0)
-    capped = HashedNgramPredictor(seed=0).update(histories, y, None)
+    capped = HashedNgramPredictor(PredictorConfig(turn_features=True), seed=0).update(histories, y, None)
     assert capped["predictor/loss"] == pytest.approx(np.log(2.0))
     assert capped["predictor/loss_after"] < capped["predictor/loss"]
     assert capped["predictor/step_capped"] > 0.0  # the cap was what held it
-    uncapped = HashedNgramPredictor(PredictorConfig(max_logit_step=0.0), seed=0).update(histories, y, None)
+    uncapped = HashedNgramPredictor(PredictorConfig(max_logit_step=0.0, turn_features=True), seed=0).update(histories, y, None)
     assert uncapped["predictor/loss_after"] > 2.0 and uncapped["predictor/step_capped"] == 0.0
 
 
 def test_a_capped_step_moves_no_logit_further_than_the_cap() -> None:
     histories, y = _long_histories(60, seed=1)
-    config = PredictorConfig(max_logit_step=0.25, epochs=1, root_epochs=1, calibration_batches=0)
+    config = PredictorConfig(max_logit_step=0.25, epochs=1, root_epochs=1, calibration_batches=0, turn_features=True)
     predictor = HashedNgramPredictor(config)
     predictor.update(histories, y, None)  # one minibatch: one step from all-zero weights
     p = predictor.predict(histories)
@@ -568,3 +569,19 @@ def test_the_propositions_benchmark_counts_fresh_draws_per_valued_node_and_score
     information = result["runs"][str(tmp_path)]["prefix_information"]
     assert information["steps_scored"] == 3 and {"logloss_with_prefix", "logloss_prompt_only", "logloss_running_mean"} <= set(information)
     assert result["allocation"] == {"trace": {"effective_ratio": 0.5, "mixed_budget_share": 0.375, "runs": 1}}
+
+
+def test_by_default_the_shared_model_reads_a_prefix_s_prompt_and_depth_not_its_turns_text() -> None:
+    """`turn_features` off (the default, chosen on real trees): two prefixes of one prompt at one
+    depth have the same features whatever their turns say; with it on, the turns' n-grams are added."""
+    prompt = "In which city was the founder of Acme born?"
+    a = History(prompt, (Turn("look", "<search>Acme</search>", "Acme was founded by Ana Berg."),))
+    b = History(prompt, (Turn("guess", "<search>river</search>", "No documents."),))
+    root = History(prompt)
+    default = HashedNgramPredictor(seed=0)
+    rows, indices = default.features([a, b, root])
+    assert sorted(indices[rows == 0]) == sorted(indices[rows == 1])
+    assert set(indices[rows == 0]) != set(indices[rows == 2])  # a root reads its own `r:` n-grams and depth 0
+    reading = HashedNgramPredictor(PredictorConfig(turn_features=True), seed=0)
+    rows, indices = reading.features([a, b])
+    assert sorted(indices[rows == 0]) != sorted(indices[rows == 1])

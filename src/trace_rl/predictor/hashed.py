@@ -248,6 +248,15 @@ class PredictorConfig:
     """Largest slope a of a calibration (the smallest is 0: a calibration may ignore the raw logit, never
     reverse it). Without a bound the old Platt scaling reached slopes of 670-1190 on a demo run; 1 and
     2 score the same on the replayed runs."""
+    turn_features: bool = False
+    """Whether the shared model reads the n-grams of a prefix's turns (`t…:` / `l…:`); False: the
+    prompt's n-grams and the depth only (the calibration's summary features still read the turns).
+    On real multihop trees the turns' n-grams (long search results) made prefix estimates worse:
+    replaying the three TRACE runs of docs/results/paper_main (`benchmarks/predictor_replay.py`),
+    Brier 0.234 / 0.228 / 0.228 with them, 0.213 / 0.199 / 0.205 without (on prefixes 0.274 / 0.275 /
+    0.265 → 0.232 / 0.216 / 0.219; per-prompt history 0.228 / 0.222 / 0.229), and
+    `benchmarks/propositions.py` found the same held out. The simulator's turn texts are made to carry
+    clues, and there they help (0.187 with, 0.212 without), so `trace_rl.bench` keeps them."""
     guard: bool = False
     """Shrink the predictor's estimates toward 0.5 by how much they helped on the batches it learnt
     from (`trace_rl.predictor.guard`): a predictor that ranks no better than a coin answers 0.5, and
@@ -372,7 +381,9 @@ class HashedNgramPredictor:
             shared, root_only = prompts[history.prompt]
             depth = self._depth_index[min(len(history.turns), _MAX_DEPTH_FEATURE)]
             parts.append(shared)
-            if history.turns:
+            if history.turns and not self.config.turn_features:
+                size = shared.size
+            elif history.turns:
                 turns = [turns_cache[turn] for turn in history.turns]
                 parts.extend(t[0] for t in turns)
                 parts.append(turns[-1][1])
