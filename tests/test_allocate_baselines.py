@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+from repo_files import load
 
 from trace_rl.allocate import knapsack_roots, pcl_roots, uniform_roots
 
@@ -393,14 +394,9 @@ def test_pcl_names_the_bad_argument(args, kwargs, name) -> None:
 def test_the_stage2_objective_benchmark_runs_both_objectives_on_the_same_worlds(capsys):
     """benchmarks/stage2_objective.py: GRPO (no Stage 2) is the same under both objectives; TRACE's
     rows carry both objectives' figures and their ratio."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "stage2_objective.py"
-    spec = importlib.util.spec_from_file_location("stage2_objective", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load("benchmarks/stage2_objective.py")
     result = module.main(["--prompts", "16", "--budget", "64", "--seeds", "1", "--batches", "2", "--workers", "1"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
     assert all(f["ratio"] == 1.0 for f in result["rows"]["grpo"].values())

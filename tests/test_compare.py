@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from repo_files import load
 
 from trace_rl.compare import CompareConfig, summarise, summary_table
 from trace_rl.rundir import RunDir
@@ -98,17 +99,6 @@ def test_an_unfinished_run_is_listed_not_counted(tmp_path):
     assert "| trace | 1 | " in table and "trace seed 1 at step 1" in table
 
 
-def _load_script(name):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_exported_results_hold_the_runs_and_reproduce_the_summary_and_the_readme_table(tmp_path):
     import json
 
@@ -116,7 +106,7 @@ def test_exported_results_hold_the_runs_and_reproduce_the_summary_and_the_readme
 
     from trace_rl.compare import write_start
 
-    results = _load_script("results")
+    results = load("scripts/results.py")
     runs, dest = tmp_path / "runs", tmp_path / "docs" / "results" / "toy"
     config_path = tmp_path / "toy.yaml"
     config_path.write_text("# A toy comparison.\n#   trace-rl compare --config toy.yaml --out runs\n" + yaml.safe_dump({"methods": ["grpo", "trace"], "seeds": [0, 1], "run": {"train": {"steps": 2}}}))

@@ -26,7 +26,6 @@ from trace_rl.agent.env import ToolEnv
 from trace_rl.agent.tasks import load_taskset
 from trace_rl.distributed.ray_rollout import RayExecutor
 from trace_rl.distributed.split import partition
-from trace_rl.engine.base import Completion, SamplingParams
 from trace_rl.engine.hf import HFEngine
 from trace_rl.models import TinyConfig, build_tokenizer, load_policy
 from trace_rl.plan import Request

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from repo_files import load
 
 from trace_rl.predictor import GuardedPredictor, PredictorConfig, build_predictor
 from trace_rl.predictor.guard import brier_shrinkage
@@ -36,7 +37,7 @@ def histories(*prompts: str) -> list[History]:
 
 def test_brier_shrinkage_is_the_least_squares_lambda_clipped_to_0_1():
     p, y, w = np.array([0.9, 0.2, 0.6]), np.array([1.0, 0.0, 0.0]), np.array([1.0, 2.0, 1.0])
-    d = p - 0.5  # 0.4, -0.3, 0.1
+    # p - 0.5 = 0.4, -0.3, 0.1
     expected = (1 * 0.4 * 0.5 + 2 * -0.3 * -0.5 + 1 * 0.1 * -0.5) / (1 * 0.16 + 2 * 0.09 + 1 * 0.01)
     assert expected == pytest.approx(0.45 / 0.35)  # > 1: clipped
     assert brier_shrinkage(p, y, w) == 1.0
@@ -92,14 +93,9 @@ def test_a_guarded_predictor_starts_at_a_half_and_its_state_round_trips():
 def test_the_guard_benchmark_distrusts_a_spoiled_predictor_and_trusts_a_clean_one(capsys):
     """benchmarks/predictor_guard.py on one small world: the guard's λ stays high on the clean
     predictor and drops to 0 on the inverted one; every row spends the same budget."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "predictor_guard.py"
-    spec = importlib.util.spec_from_file_location("predictor_guard", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load("benchmarks/predictor_guard.py")
     result = bench.main(["--seeds", "1", "--batches", "8", "--warmup", "3"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
     rows = result["rows"]
