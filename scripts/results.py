@@ -6,7 +6,7 @@ results section from those files.
 
 An exported folder holds what it takes to check or redo every number: the compare config and the
 command, `summary.json` / `summary.md` as `trace-rl compare` wrote them (recomputed from the copied
-runs), each run's `config.yaml` and `metrics.jsonl` at `<method>/seed_<k>/` (no checkpoints, no
+runs), each run's `config.yaml`, `metrics.jsonl` and `code.json` at `<method>/seed_<k>/` (no checkpoints, no
 trees), and the plots. The README's tables are `trace_rl.compare.summary_table` of each
 `summary.json`, so a table can only say what the files say.
 """
@@ -39,7 +39,7 @@ def export(run_dir: Path, dest: Path, config_path: Path) -> dict:
             continue
         target = dest / run.relative_to(run_dir)
         target.mkdir(parents=True, exist_ok=True)
-        for name in ("config.yaml", "metrics.jsonl"):
+        for name in ("config.yaml", "metrics.jsonl", "code.json"):
             if (run / name).is_file():
                 shutil.copyfile(run / name, target / name)
     summary = summarise(dest, config)  # from the copies: the committed files reproduce the table

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +69,28 @@ def test_tree_files_are_listed_by_step(tmp_path):
         run.write_trees([RolloutTree.new("t", "q")], step)
     (run.trees_dir / "notes.txt").write_text("x")
     assert list(run.tree_files()) == [2, 10]
+
+
+def test_a_run_folder_records_the_code_it_was_started_with_and_says_when_it_continues_on_other_code(tmp_path, monkeypatch):
+    import trace_rl.rundir as rundir
+
+    folder = RunDir(tmp_path / "run")
+    monkeypatch.setattr(rundir, "code_version", lambda: {"trace_rl": "0.1.0", "commit": "aaa"})
+    assert folder.record_code() is None and json.loads(folder.code_path.read_text())["commit"] == "aaa"
+    assert folder.record_code() is None  # the same code: nothing to say
+    monkeypatch.setattr(rundir, "code_version", lambda: {"trace_rl": "0.1.0", "commit": "bbb"})
+    warning = folder.record_code()
+    assert "commit aaa" in warning and "continues at bbb" in warning and "defaults" in warning
+    assert json.loads(folder.code_path.read_text())["commit"] == "aaa", "the record of the start is kept"
+    monkeypatch.setattr(rundir, "code_version", lambda: {"trace_rl": None, "commit": None})
+    assert folder.record_code() is None  # not a git checkout: nothing known to compare
+
+
+def test_code_version_names_this_checkout_s_commit():
+    import subprocess
+
+    from trace_rl.rundir import code_version
+
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip()
+    commit = code_version()["commit"]
+    assert commit is None or commit.removesuffix("+dirty") == head

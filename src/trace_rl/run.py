@@ -426,6 +426,8 @@ def train_run(
         checkpoints = folder.checkpoint_files()
         held = f"a checkpoint at step {max(checkpoints)}" if checkpoints else f"{folder.finished_steps()} logged steps, no checkpoint"
         raise FileExistsError(f"{folder.path} already holds a run ({held}); continue it with train --resume {folder.path}, or choose another folder")
+    if (changed := folder.record_code()) is not None:
+        warnings.warn(changed, RunDirWarning, stacklevel=2)
     folder.write_config(config)
     sft_bar: list = []  # the warm-start bar appears only when a warm start is actually trained
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import warnings
 import zipfile
 from collections import OrderedDict
@@ -79,6 +80,31 @@ class RunDir:
     @property
     def metrics_path(self) -> Path:
         return self.path / "metrics.jsonl"
+
+    @property
+    def code_path(self) -> Path:
+        return self.path / "code.json"
+
+    def record_code(self) -> str | None:
+        """Write `code.json` (the code this run was started with: `code_version()`) if the folder has
+        none, and return a warning when the code now running differs from it: config.yaml holds only
+        the fields that code had, so fields added since take today's defaults, which may change the
+        run. None when they agree or either is unknown."""
+        now = code_version()
+        if not self.code_path.is_file():
+            self.path.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.code_path, lambda tmp: Path(tmp).write_text(json.dumps(now)))
+            return None
+        try:
+            started = json.loads(self.code_path.read_text())
+        except (OSError, ValueError):
+            return f"{self.code_path} is unreadable: which code this run was started with is unknown"
+        if not isinstance(started, dict) or None in (started.get("commit"), now["commit"]) or started["commit"] == now["commit"]:
+            return None
+        return (
+            f"{self.path} was started with trace-rl at commit {started['commit']}, and continues at {now['commit']}: "
+            "config fields added since take today's defaults (continue it from a checkout of that commit to train it exactly as begun)"
+        )
 
     @property
     def trees_dir(self) -> Path:
@@ -385,3 +411,21 @@ def atomic_write(path: Path, write: Callable[[str], Any]) -> None:
         os.fsync(folder)
     finally:
         os.close(folder)
+
+
+def code_version() -> dict[str, str | None]:
+    """The trace-rl version and the git commit of its source tree (`+dirty` with uncommitted changes;
+    None outside a git checkout), recorded in each run folder's `code.json`."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        package = version("trace-rl")
+    except PackageNotFoundError:
+        package = None
+    source = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no", "."], capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return {"trace_rl": package, "commit": None}
+    return {"trace_rl": package, "commit": commit + ("+dirty" if dirty else "")}
