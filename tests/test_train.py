@@ -211,6 +211,29 @@ def test_compare_with_parallel_workers_gives_the_same_summary_as_one_at_a_time(t
     assert one["react"] == two["react"]
 
 
+def _train_or_fail(run: RunConfig, run_dir: Path, stop: StopRequest | None = None) -> None:
+    """A compare worker whose `trace` run fails once its `grpo` sibling is training (module level,
+    for a spawned process)."""
+    if run.rollout.method == "trace":
+        grpo = RunDir(run_dir.parents[1] / "grpo" / run_dir.name)
+        deadline = time.monotonic() + 300
+        while grpo.finished_steps() < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        raise ValueError("trace broke on purpose")
+    _train_scripted(run, run_dir, stop)
+
+
+def test_a_failed_parallel_job_stops_the_others_after_their_step_and_raises_its_error(tmp_path):
+    config = CompareConfig(methods=["grpo", "trace"], seeds=[0], run=small_config(steps=6, checkpoint_every=100), workers=2, evaluate_start=False)
+    with pytest.raises(ValueError, match="trace broke on purpose"):
+        run_compare(config, tmp_path / "cmp", _train_or_fail, _evaluate_scripted)
+    grpo = RunDir(tmp_path / "cmp" / "grpo" / "seed_0")
+    done = grpo.finished_steps()
+    assert 1 <= done < 6, "grpo was stopped at a step boundary, not run to the end nor killed"
+    assert list(grpo.checkpoint_files()) == [done], "and checkpointed where it stopped"
+    assert not (tmp_path / "cmp" / "summary.json").exists()
+
+
 def test_eval_scores_a_runs_latest_checkpoint_or_the_starting_policy(tmp_path):
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "trace_rl"]

@@ -138,17 +138,20 @@ class JobInterrupted(KeyboardInterrupt):
 
 _worker_stop = StopRequest()
 """In a worker process: the stop request its jobs run under, set by the main process's SIGTERM."""
+_worker_busy = False
+"""In a worker process: whether a job is running (an idle worker only notes a stop)."""
 
 
 def _start_worker() -> None:
     """A worker ignores the terminal's SIGINT (it reaches the whole process group); the main process
-    forwards a stop as SIGTERM: the first one stops a training loop after its step, the next at once."""
+    forwards a stop as SIGTERM: the first one stops a training loop after its step, the next (or one
+    during a job with no step to stop at, such as an evaluation) at once. An idle worker only notes it."""
 
     def handle(signum: int, frame: object) -> None:
-        if _worker_stop.listening and _worker_stop.signal is None:
-            _worker_stop.signal = signum
-            return
+        first = _worker_stop.signal is None
         _worker_stop.signal = signum
+        if not _worker_busy or (first and _worker_stop.listening):
+            return
         raise JobInterrupted(signal.Signals(signum).name)
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -156,8 +159,14 @@ def _start_worker() -> None:
 
 
 def _run_job(job: Job, run: RunConfig, run_dir: Path) -> None:
-    if not _worker_stop.requested:  # a job queued before the stop reached this worker does not start
+    global _worker_busy
+    if _worker_stop.requested:  # a job queued before the stop reached this worker does not start
+        return
+    _worker_busy = True
+    try:
         job(run, run_dir, _worker_stop)
+    finally:
+        _worker_busy = False
 
 
 def _run_in_workers(pending: list[tuple[Job, RunConfig, Path]], workers: int, stop: StopRequest | None) -> None:
@@ -179,6 +188,7 @@ def _run_in_workers(pending: list[tuple[Job, RunConfig, Path]], workers: int, st
 
     if stop is not None:
         stop.listening = True
+    drained = False  # every job has ended: nothing left to stop
     try:
         waiting: set[Future] = set(futures)
         while waiting:
@@ -189,12 +199,14 @@ def _run_in_workers(pending: list[tuple[Job, RunConfig, Path]], workers: int, st
                     forward()
                     forwarded = True
                 wait(waiting)
+                drained = True
                 failed.result()  # raises the job's error, naming it
             if stop is not None and stop.requested and not forwarded:
                 forward()
                 forwarded = True
-    except BaseException:  # a second stop here (or an error above): the workers stop at once
-        forward()
+    except BaseException:  # a second stop here: the workers stop at once
+        if not drained:
+            forward()
         raise
     finally:
         if stop is not None:
