@@ -1,4 +1,4 @@
-"""The predictor guard: estimates shrunk toward 0.5 by the Brier-optimal amount on what they were scored on."""
+"""The predictor guard: estimates scaled about 0.5 by the Brier-optimal amount on what they were scored on."""
 
 from __future__ import annotations
 
@@ -35,32 +35,37 @@ def histories(*prompts: str) -> list[History]:
     return [History(p) for p in prompts]
 
 
-def test_brier_shrinkage_is_the_least_squares_lambda_clipped_to_0_1():
+def test_brier_shrinkage_is_the_least_squares_lambda_clipped_to_plus_minus_1():
     p, y, w = np.array([0.9, 0.2, 0.6]), np.array([1.0, 0.0, 0.0]), np.array([1.0, 2.0, 1.0])
     # p - 0.5 = 0.4, -0.3, 0.1
     expected = (1 * 0.4 * 0.5 + 2 * -0.3 * -0.5 + 1 * 0.1 * -0.5) / (1 * 0.16 + 2 * 0.09 + 1 * 0.01)
     assert expected == pytest.approx(0.45 / 0.35)  # > 1: clipped
     assert brier_shrinkage(p, y, w) == 1.0
-    assert brier_shrinkage(1.0 - p, y, w) == 0.0  # upside down: no trust
+    assert brier_shrinkage(1.0 - p, y, w) == -1.0  # upside down: turned over
     assert brier_shrinkage(np.full(3, 0.5), y, w) == 1.0  # no spread, no evidence
-    grid = np.linspace(0, 1, 1001)
+    grid = np.linspace(-1, 1, 2001)
     noisy = np.array([0.7, 0.4, 0.8])
     brier = [np.sum(w * (0.5 + g * (noisy - 0.5) - y) ** 2) for g in grid]
     assert brier_shrinkage(noisy, y, w) == pytest.approx(grid[int(np.argmin(brier))], abs=1e-3)
 
 
-def test_a_guarded_predictor_that_is_upside_down_answers_a_half_and_a_right_one_is_kept():
+def test_a_guarded_predictor_turns_an_upside_down_one_over_ignores_a_coin_and_keeps_a_right_one():
     truth = {"easy": 1.0, "hard": 0.0}
     wrong = GuardedPredictor(Fixed({"easy": 0.1, "hard": 0.9}), window=3)
+    coin = GuardedPredictor(Fixed({"easy": 0.8, "hard": 0.8, "mid": 0.2}), window=3)
     right = GuardedPredictor(Fixed({"easy": 0.8, "hard": 0.3}), window=3)
     batch = histories("easy", "hard", "easy")
     targets = np.array([truth[h.prompt] for h in batch])
     for guarded in (wrong, right):
         metrics = guarded.update(batch, targets, None)
         assert guarded.inner.updates == 1 and "predictor/loss" in metrics  # the inner predictor still learns
-    assert wrong.shrink == 0.0 and np.all(wrong.predict(batch) == 0.5)
+    assert wrong.shrink == -1.0 and np.allclose(wrong.predict(batch), [0.9, 0.1, 0.9])
     assert right.shrink == 1.0 and np.allclose(right.predict(batch), [0.8, 0.3, 0.8])
-    assert wrong.update(batch, targets, None)["predictor/guard_gain"] == 0.0
+    # an estimate that says nothing about the outcome (0.8 for an easy and a hard question alike)
+    noise = histories("easy", "hard", "mid", "mid")
+    coin.update(noise, np.array([1.0, 0.0, 1.0, 0.0]), None)
+    assert coin.shrink == 0.0 and np.all(coin.predict(noise) == 0.5)
+    assert coin.update(noise, np.array([1.0, 0.0, 1.0, 0.0]), None)["predictor/guard_gain"] == 0.0
     gain = right.update(batch, targets, None)
     assert gain["predictor/guard_gain"] > 0 and gain["predictor/guard_brier"] < gain["predictor/guard_brier_half"] == 0.25
 
@@ -70,7 +75,7 @@ def test_the_guard_forgets_batches_older_than_its_window():
     guarded = GuardedPredictor(inner, window=2)
     for _ in range(2):
         guarded.update(histories("q"), np.array([0.0]), None)  # wrong twice
-    assert guarded.shrink == 0.0
+    assert guarded.shrink == -1.0
     for _ in range(2):
         guarded.update(histories("q"), np.array([1.0]), None)  # right twice: the wrong ones have left the window
     assert guarded.shrink == 1.0
@@ -91,13 +96,13 @@ def test_a_guarded_predictor_starts_at_a_half_and_its_state_round_trips():
 
 
 def test_the_guard_benchmark_distrusts_a_spoiled_predictor_and_trusts_a_clean_one(capsys):
-    """benchmarks/predictor_guard.py on one small world: the guard's λ stays high on the clean
-    predictor and drops to 0 on the inverted one; every row spends the same budget."""
+    """benchmarks/predictor_guard.py on one small world: the guard's λ stays near 1 on the clean
+    predictor and turns negative on the inverted one."""
     import json
 
     bench = load("benchmarks/predictor_guard.py")
     result = bench.main(["--seeds", "1", "--batches", "8", "--warmup", "3"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
     rows = result["rows"]
-    assert rows["trace+guard (inverted)"]["guard_shrink"] == 0.0 < rows["trace+guard"]["guard_shrink"]
+    assert rows["trace+guard (inverted)"]["guard_shrink"] < 0.0 < rows["trace+guard"]["guard_shrink"]
     assert rows["grpo"]["vs_grpo"] == 1.0 and "guard_shrink" not in rows["trace"]

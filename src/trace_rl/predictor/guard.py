@@ -1,25 +1,28 @@
-"""A predictor that knows when it is wrong: its estimates shrunk toward 0.5 by how much they have helped.
+"""A predictor that knows when it is wrong: its estimates scaled about 0.5 by how much they have helped.
 
 `GuardedPredictor` wraps any `SuccessPredictor`. Before each update it scores the inner predictor on
 the batch it is about to learn from; those estimates were made before the predictor saw these
 outcomes, so they are out of sample. Over the last `window` such batches it fits the one number
-that decides how far to trust the inner predictor: the shrinkage λ in [0, 1] for which
+that decides how far to trust the inner predictor: the λ in [−1, 1] for which
 
     p' = 0.5 + λ (p − 0.5)
 
 has the lowest weighted Brier score against the targets y, in closed form
 
-    λ = Σ w (p − ½)(y − ½) / Σ w (p − ½)², clipped to [0, 1].
+    λ = Σ w (p − ½)(y − ½) / Σ w (p − ½)², clipped to [−1, 1].
 
-λ = 1 trusts the estimates as they are; λ = 0 means they did no better than a coin (their ranking
-was noise, or upside down), and every answer is 0.5, which makes TRACE allocate as uniform does:
-its exact Stage 1 splits a budget evenly over prompts of equal value. In between, a half-informative
-predictor keeps its ranking with less confidence. Until the window holds an estimate away from 0.5
-there is no evidence and λ = 1 (the inner predictor answers 0.5 before its first update anyway).
+λ = 1 trusts the estimates as they are; λ near 0 means they did no better than a coin (their
+ranking was noise), and every answer is about 0.5, which makes TRACE allocate as it would with no
+information (its exact Stage 1 splits a budget evenly over prompts of equal value); λ < 0 means
+they were upside down, and they are turned over. Shrinking alone (λ ≥ 0) made an inverted
+predictor worse than leaving it be: Stage 1's value is symmetric in p and 1 − p, so an upside-down
+predictor still ranks prompts by their chance to mix, and only Stage 2 is misled
+(`benchmarks/predictor_guard.py`). Until the window holds an estimate away from 0.5 there is no
+evidence and λ = 1 (the inner predictor answers 0.5 before its first update anyway).
 
 Each update logs `predictor/guard_shrink` (λ after it), `predictor/guard_brier` (the inner
 estimates' Brier on this batch), `predictor/guard_brier_half` (a constant 0.5's on the same
-pairs) and `predictor/guard_gain` (how much lower the shrunk estimates' Brier is than 0.5's over the
+pairs) and `predictor/guard_gain` (how much lower the scaled estimates' Brier is than 0.5's over the
 window: what the ranking bought; 0 when λ = 0).
 """
 
@@ -34,7 +37,7 @@ from trace_rl.tree import History
 
 
 class GuardedPredictor:
-    """`inner`, shrunk toward 0.5 by the Brier-optimal λ over its last `window` out-of-sample batches."""
+    """`inner`, scaled about 0.5 by the Brier-optimal λ over its last `window` out-of-sample batches."""
 
     def __init__(self, inner: SuccessPredictor, *, window: int = 10) -> None:
         if window < 1:
@@ -90,9 +93,9 @@ class GuardedPredictor:
 
 
 def brier_shrinkage(p: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
-    """The λ in [0, 1] minimising Σ w (0.5 + λ (p − 0.5) − y)²; 1 when every p is 0.5 (no evidence)."""
+    """The λ in [−1, 1] minimising Σ w (0.5 + λ (p − 0.5) − y)²; 1 when every p is 0.5 (no evidence)."""
     d = p - 0.5
     spread = float(np.sum(w * d * d))
     if spread <= 1e-12:
         return 1.0
-    return float(np.clip(np.sum(w * d * (y - 0.5)) / spread, 0.0, 1.0))
+    return float(np.clip(np.sum(w * d * (y - 0.5)) / spread, -1.0, 1.0))
