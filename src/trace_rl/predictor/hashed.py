@@ -258,9 +258,9 @@ class PredictorConfig:
     `benchmarks/propositions.py` found the same held out. The simulator's turn texts are made to carry
     clues, and there they help (0.187 with, 0.212 without), so `trace_rl.bench` keeps them."""
     guard: bool = False
-    """Shrink the predictor's estimates toward 0.5 by how much they helped on the batches it learnt
-    from (`trace_rl.predictor.guard`): a predictor that ranks no better than a coin answers 0.5, and
-    TRACE allocates as uniform does."""
+    """Scale the predictor's estimates about 0.5 by how much they helped on the batches it learnt from
+    (`trace_rl.predictor.guard`): one that ranks no better than a coin answers 0.5 (TRACE then
+    allocates as with no information), one that ranks upside down is turned over."""
     guard_window: int = 10
     """Batches the guard's shrinkage is fitted on."""
 
