@@ -55,6 +55,17 @@ def wait_for_steps(process: subprocess.Popen, run_dir: Path, steps: int) -> None
         time.sleep(0.05)
 
 
+def stopped_twice(process: subprocess.Popen) -> str:
+    """SIGTERM, and again 0.2 s later: the process must stop at once with 143 and no traceback; its stderr."""
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 143, stderr[-3000:]
+    assert "Traceback" not in stderr
+    return stderr
+
+
 def logged_steps(run_dir: Path) -> list[int]:
     """The `step` of every line of metrics.jsonl, as the file holds them (no deduplication)."""
     return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -159,12 +170,7 @@ def test_a_second_sigterm_stops_at_once_leaving_the_last_checkpoint_and_exit_143
     while not (latest.exists() and latest.read_text() == "step_0001.pt"):
         assert process.poll() is None
         time.sleep(0.05)
-    process.send_signal(signal.SIGTERM)
-    time.sleep(0.2)
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=600)
-    assert process.returncode == 143, stderr[-3000:]
-    assert "Traceback" not in stderr
+    stderr = stopped_twice(process)
     last = stderr.strip().splitlines()[-1]
     assert "stopped by SIGTERM at once" in last and "the last checkpoint is step" in last and "--resume" in last
     assert RunDir(run_dir).load_checkpoint()["step"] == max(RunDir(run_dir).checkpoint_files())
@@ -212,12 +218,7 @@ def test_a_second_sigterm_stops_a_parallel_compare_at_once_and_exit_143(env, tmp
     out = tmp_path / "cmp"
     process = start(env, "compare", "--config", str(compare_config(tmp_path)), "--out", str(out))
     wait_for_steps(process, out / "grpo" / "seed_0", 1)
-    process.send_signal(signal.SIGTERM)
-    time.sleep(0.2)
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=600)
-    assert process.returncode == 143, stderr[-3000:]
-    assert "Traceback" not in stderr
+    stderr = stopped_twice(process)
     assert "stopped by SIGTERM at once" in stderr.strip().splitlines()[-1]
     for method in ("grpo", "trace"):
         steps = logged_steps(out / method / "seed_0") if (out / method / "seed_0" / "metrics.jsonl").exists() else []
