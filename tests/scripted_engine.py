@@ -78,3 +78,30 @@ def coin_flip_answers(tasks: Sequence[Task]) -> Callable[[str], Sequence[str]]:
         )
 
     return menu_for
+
+
+def make_world():
+    """The collector tests' world: 12 multihop train tasks, their env, a small tokenizer, and a menu of
+    turns (searches, right answers, a malformed one that becomes an error observation)."""
+    from trace_rl.agent.env import ToolEnv
+    from trace_rl.agent.tasks import load_taskset
+    from trace_rl.models import build_tokenizer
+
+    taskset = load_taskset("multihop", split="train", num_tasks=12, seed=0)
+    env = ToolEnv.for_taskset(taskset, max_turns=4)
+    tokenizer = build_tokenizer([p.text for p in taskset.corpus[:50]], vocab_size=600)
+    answers = [task.answers[0] for task in taskset.tasks[:3]]
+    turns = [
+        "<think>look</think>\n<search>" + taskset.tasks[0].meta["start"] + "</search>",
+        "<think>look again</think>\n<search>river</search>",
+        *[f"<think>done</think>\n<answer>{a}</answer>" for a in answers],
+        "I am confused",  # malformed: becomes an error observation and uses up a turn
+    ]
+    return taskset, env, tokenizer, turns
+
+
+class FixedValues:
+    """A predictor with fixed, distinct values per history (so allocations are not all ties)."""
+
+    def predict(self, histories):
+        return np.array([zlib.crc32(f"{h.task_id}|{len(h.turns)}|{h.turns[-1].action if h.turns else ''}".encode()) % 997 / 997 for h in histories])

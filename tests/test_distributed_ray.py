@@ -10,24 +10,20 @@ import os
 import subprocess
 import sys
 import time
-import zlib
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
 
 import scripted_engine
-from scripted_engine import KeyedScriptedEngine, ScriptedEngine
+from scripted_engine import FixedValues, KeyedScriptedEngine, ScriptedEngine, make_world
 
-from trace_rl.agent.env import ToolEnv
-from trace_rl.agent.tasks import load_taskset
 from trace_rl.distributed.ray_rollout import RayExecutor
 from trace_rl.distributed.split import partition
 from trace_rl.engine.hf import HFEngine
-from trace_rl.models import TinyConfig, build_tokenizer, load_policy
+from trace_rl.models import TinyConfig, load_policy
 from trace_rl.plan import Request
 from trace_rl.predictor.hashed import HashedNgramPredictor
 from trace_rl.rollout import Batch, RolloutConfig, RolloutRunner, TreeRolloutCollector
@@ -52,31 +48,9 @@ def ray_session():
     ray.shutdown()
 
 
-def make_world():
-    """Tasks, env, tokenizer and a menu of turns; made the same in the test and in every actor."""
-    taskset = load_taskset("multihop", split="train", num_tasks=12, seed=0)
-    env = ToolEnv.for_taskset(taskset, max_turns=4)
-    tokenizer = build_tokenizer([p.text for p in taskset.corpus[:50]], vocab_size=600)
-    answers = [task.answers[0] for task in taskset.tasks[:3]]
-    turns = [
-        "<think>look</think>\n<search>" + taskset.tasks[0].meta["start"] + "</search>",
-        "<think>look again</think>\n<search>river</search>",
-        *[f"<think>done</think>\n<answer>{a}</answer>" for a in answers],
-        "I am confused",
-    ]
-    return taskset, env, tokenizer, turns
-
-
 @pytest.fixture(scope="module")
 def world():
     return make_world()
-
-
-class FixedValues:
-    """Distinct fixed values per history, so Stage 1 and Stage 2 are not all ties."""
-
-    def predict(self, histories):
-        return np.array([zlib.crc32(f"{h.task_id}|{len(h.turns)}|{h.turns[-1].action if h.turns else ''}".encode()) % 997 / 997 for h in histories])
 
 
 def scripted_worker(config: RolloutConfig) -> tuple[RolloutRunner, None]:

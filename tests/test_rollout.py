@@ -1,15 +1,11 @@
 """The collector against real tasks, env, tools and tokenizer, with a scripted engine for speed."""
 
-import zlib
 
 import numpy as np
 import pytest
-from scripted_engine import KeyedScriptedEngine, ScriptedEngine
+from scripted_engine import FixedValues, KeyedScriptedEngine, ScriptedEngine, make_world
 
-from trace_rl.agent.env import ToolEnv
-from trace_rl.agent.tasks import load_taskset
 from trace_rl.methods import METHODS, get_method
-from trace_rl.models import build_tokenizer
 from trace_rl.plan import plan_prefixes, plan_roots, prefix_candidates
 from trace_rl.predictor import PredictorConfig, build_predictor
 from trace_rl.predictor.hashed import HashedNgramPredictor
@@ -19,17 +15,7 @@ from trace_rl.tree import read_jsonl, write_jsonl
 
 @pytest.fixture(scope="module")
 def world():
-    taskset = load_taskset("multihop", split="train", num_tasks=12, seed=0)
-    env = ToolEnv.for_taskset(taskset, max_turns=4)
-    tokenizer = build_tokenizer([p.text for p in taskset.corpus[:50]], vocab_size=600)
-    answers = [task.answers[0] for task in taskset.tasks[:3]]
-    turns = [
-        "<think>look</think>\n<search>" + taskset.tasks[0].meta["start"] + "</search>",
-        "<think>look again</think>\n<search>river</search>",
-        *[f"<think>done</think>\n<answer>{a}</answer>" for a in answers],
-        "I am confused",  # malformed: becomes an error observation and uses up a turn
-    ]
-    return taskset, env, tokenizer, turns
+    return make_world()
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -134,13 +120,6 @@ def test_every_turn_records_where_its_rollout_started(world):
         assert starts.count(0) == tree.root.budget  # every bare rollout (the leftover included) began at the root
         assert sum(n.budget for n in tree.nodes[1:]) == len(starts) - starts.count(0)
     assert continuations == sum(n.budget for t in batch.trees for n in t.nodes[1:]) > 0
-
-
-class FixedValues:
-    """A predictor with fixed, distinct values per history (so allocations are not all ties)."""
-
-    def predict(self, histories):
-        return np.array([zlib.crc32(f"{h.task_id}|{len(h.turns)}|{h.turns[-1].action if h.turns else ''}".encode()) % 997 / 997 for h in histories])
 
 
 def _bare(tree):
