@@ -70,6 +70,7 @@ OUT_OF_RANGE: dict[str, list[str]] = {
     "sft.max_seq_len": ["0"],
     "sft.seed": ["-1"],
     "rollout.budget": ["0", "1", "1000000000"],
+    "rollout.budget_unit": ["bytes"],
     "rollout.stage1_share": ["0", "1.5"],
     "rollout.min_per_prompt": ["1"],
     "rollout.max_per_prompt": ["1"],

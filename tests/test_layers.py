@@ -8,7 +8,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "trace_rl"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("tree", "contrast", "allocate", "config", "progress", "rundir", "advantage", "http_deadline"),
+    ("tree", "contrast", "allocate", "token_budget", "config", "progress", "rundir", "advantage", "http_deadline"),
     ("predictor", "metrics", "methods", "plan", "sim"),
     ("agent", "engine", "models"),
     ("rollout", "bench", "distributed"),

@@ -42,6 +42,7 @@ from trace_rl.metrics import FIGURES, predictor_metrics, tree_metrics
 from trace_rl.plan import Request, plan_prefixes, plan_roots, prefix_candidates
 from trace_rl.predictor import KnowsPrompts, PredictorConfig, SuccessPredictor, backup_targets, brier_score, build_predictor
 from trace_rl.sim import LatentTreeSimulator, SimConfig, SimPrompt
+from trace_rl.token_budget import TokenCosts
 from trace_rl.tree import RolloutTree
 
 ROWS: tuple[str, ...] = (
@@ -63,6 +64,8 @@ ROWS: tuple[str, ...] = (
 """The default rows. A row's position here also keys its random stream, so adding a row at the end
 leaves every other row's numbers as they were."""
 VALUES = ("oracle", "topic", "noisy")
+TOKEN_FIGURES = ("leaves", "tokens_generated", "mixed_leaves_per_ktoken", "mixed_prompts_per_ktoken")
+"""What a batch spent and bought per 1,000 generated tokens (`tree_metrics`), reported beside FIGURES."""
 
 
 def parse_row(row: str) -> tuple[str, str | None]:
@@ -94,6 +97,10 @@ class BenchConfig:
     """`pcl`: share of the candidate prompts kept."""
     stage2_objective: Literal["anchor", "prompt"] = "anchor"
     """TRACE's Stage-2 objective (`AllocationSettings.stage2_objective`)."""
+    budget_unit: Literal["leaves", "tokens"] = "leaves"
+    """`tokens`: `budget` is expected generated tokens per batch, spent as `rollout.budget_unit: tokens`
+    spends them (each row learns its costs from its own trees, `TokenCosts`); rows hold the leaves
+    that buys."""
     seeds: int = 5
     """Independent worlds (topics, difficulties, words) and rollout streams."""
     batches: int = 20
@@ -137,11 +144,19 @@ class BenchConfig:
             raise ValueError(f"methods must be a non-empty list without repeats, got {self.methods!r}")
         for row in self.methods:
             parse_row(row)
+        if self.budget_unit not in ("leaves", "tokens"):
+            raise ValueError(f"budget_unit must be 'leaves' or 'tokens', got {self.budget_unit!r}")
+        if self.budget_unit == "tokens":
+            unable = [row for row in self.methods if not get_method(parse_row(row)[0]).allocates_tokens]
+            if unable:
+                raise ValueError(f"rows {unable} allocate leaves, not tokens (budget_unit tokens)")
+            if self.stage2_objective != "anchor":
+                raise ValueError("stage2_objective must be 'anchor' under budget_unit tokens")
 
     def allocation(self) -> AllocationSettings:
         return AllocationSettings(
             budget=self.budget, stage1_share=self.stage1_share, min_per_prompt=self.min_per_prompt, pcl_keep_share=self.pcl_keep_share,
-            stage2_objective=self.stage2_objective,
+            stage2_objective=self.stage2_objective, budget_unit=self.budget_unit,
         )
 
 
@@ -194,6 +209,7 @@ def learned_rows(rows: Sequence[str]) -> list[str]:
 def _run_seed(cfg: BenchConfig, seed: int) -> _SeedResult:
     sim = LatentTreeSimulator(cfg.sim, seed=seed)
     predictors = {row: build_predictor(get_method(row).predictor, cfg.predictor, seed=seed) for row in learned_rows(cfg.methods)}
+    costs = {row: TokenCosts(initial=float(cfg.sim.turn_tokens)) for row in cfg.methods} if cfg.budget_unit == "tokens" else {}
     figures: dict[str, dict[str, list[float]]] = {m: {} for m in cfg.methods}
     warmup: dict[str, dict[str, list[float]]] = {m: {} for m in predictors}
     calibration: dict[str, dict[str, list[float]]] = {m: {} for m in predictors}
@@ -202,15 +218,18 @@ def _run_seed(cfg: BenchConfig, seed: int) -> _SeedResult:
         prompts = sim.sample_prompts(cfg.prompts_per_batch, np.random.default_rng([seed, batch, 1]))
         for row in cfg.methods:
             predictor = predictors.get(row)
-            if not reported and predictor is None:
-                continue  # stateless rows need no warm-up
+            if not reported and predictor is None and row not in costs:
+                continue  # stateless rows need no warm-up (under a token budget every row learns its costs)
             rng = np.random.default_rng([seed, batch, 2, _stream(row)])
-            trees = run_batch(row, prompts, sim, cfg, rng, predictor)
+            trees = run_batch(row, prompts, sim, cfg, rng, predictor, costs.get(row))
             metrics = tree_metrics(trees)
-            if metrics["tree/leaves"] != cfg.budget:
+            if cfg.budget_unit == "leaves" and metrics["tree/leaves"] != cfg.budget:
                 raise RuntimeError(f"{row} spent {metrics['tree/leaves']:.0f} leaves, expected {cfg.budget}")
-            for name in FIGURES:
-                (figures if reported else warmup)[row].setdefault(name, []).append(metrics[f"tree/{name}"])
+            if row in costs:
+                costs[row].observe(trees)
+            table = figures if reported else warmup
+            for name in FIGURES + TOKEN_FIGURES if row in table else ():
+                table[row].setdefault(name, []).append(metrics[f"tree/{name}"])
             if predictor is not None:
                 if reported:
                     for key, value in _calibration(trees).items():
@@ -237,22 +256,26 @@ def run_batch(
     cfg: BenchConfig,
     rng: np.random.Generator,
     predictor: SuccessPredictor | None = None,
+    costs: TokenCosts | None = None,
 ) -> list[RolloutTree]:
     """One batch of `row`: `plan_roots`, bare rollouts, then (two-stage methods) `plan_prefixes` and
     continuations, exactly as the training collector runs them, with the simulator in place of the
-    engine and env. Exactly `cfg.budget` leaves are grown."""
+    engine and env. Exactly `cfg.budget` leaves are grown; under a token budget, the leaves that
+    `cfg.budget` expected tokens buy at `costs`' estimates (which the caller updates)."""
     name, values = parse_row(row)
     method, settings = get_method(name), cfg.allocation()
     value = _value_fn(method.uses_values, values, sim, predictor, cfg.noise, rng)
     trees = [sim.new_tree(p) for p in prompts]
     roots = [(index, 0) for index in range(len(trees))]
     known = predictor.known([t.history(0) for t in trees]) if value and isinstance(predictor, KnowsPrompts) else None
-    _grow(trees, plan_roots(method, settings, trees, value(trees, roots) if value else None, known), sim, rng)
+    fresh = None if costs is None else costs.fresh([t.task_id for t in trees])
+    _grow(trees, plan_roots(method, settings, trees, value(trees, roots) if value else None, known, costs=fresh), sim, rng)
     if method.stage2 is None:
         return trees
     candidates = prefix_candidates(trees)
     v_prefix = value(trees, candidates) if value else None
-    _grow(trees, plan_prefixes(method, settings, trees, candidates, v_prefix, rng), sim, rng)
+    branch = None if costs is None else costs.continuation(trees, candidates)
+    _grow(trees, plan_prefixes(method, settings, trees, candidates, v_prefix, rng, costs=branch, fresh_costs=fresh), sim, rng)
     return trees
 
 

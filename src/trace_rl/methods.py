@@ -21,6 +21,7 @@ import numpy as np
 
 from trace_rl.allocate import allocate_roots, expand_for_prompts, expand_prefixes, knapsack_roots, pcl_roots, random_prefixes, uniform_roots
 from trace_rl.predictor import PredictorKind
+from trace_rl.token_budget import allocate_roots_by_cost, expand_prefixes_by_cost
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,8 @@ class AllocationSettings:
     benchmark): the planner needs nothing else."""
 
     budget: int
-    """Leaves per batch; a continuation from a prefix counts as one."""
+    """Leaves per batch (a continuation from a prefix counts as one), or expected generated tokens per
+    batch when `budget_unit` is `tokens`."""
     stage1_share: float = 0.5
     """Share of the budget spent on bare rollouts when the method has a Stage 2."""
     min_per_prompt: int = 2
@@ -42,46 +44,79 @@ class AllocationSettings:
     stage2_objective: Literal["anchor", "prompt"] = "anchor"
     """TRACE's Stage 2: `anchor` (the paper's: Σ over prefixes of the chance an anchor turns mixed) or
     `prompt` (the expected number of prompts that end mixed, `allocate.expand_for_prompts`)."""
+    budget_unit: Literal["leaves", "tokens"] = "leaves"
+    """`tokens`: each stage spends expected generated tokens (`trace_rl.token_budget`); the allocators
+    then get every candidate's expected cost."""
 
 
-Stage1Allocator = Callable[[np.ndarray, int, AllocationSettings, "np.ndarray | None"], np.ndarray]
-"""(root values v, Stage-1 budget, settings, known) -> rollouts per prompt (int64, summing to the budget).
-`known` marks the prompts whose value the predictor vouches for (None: all; see `KnowsPrompts`)."""
+TOKEN_UNITS = ("exact", "uniform", "expand", "random")
+"""The allocators that can spend a token budget (`MethodSpec.allocates_tokens`)."""
+
+
+Stage1Allocator = Callable[..., np.ndarray]
+"""(root values v, Stage-1 budget, settings, known, *, costs=None) -> rollouts per prompt (int64, summing
+to the budget). `known` marks the prompts whose value the predictor vouches for (None: all; see
+`KnowsPrompts`); `costs` (token budgets only) are each prompt's expected tokens per fresh rollout."""
 Stage2Allocator = Callable[..., np.ndarray]
-"""(prefix values ṽ, observed outcomes r, Stage-2 budget, settings, rng, *, prompts, mixed) -> continuations
-per prefix; `prompts` names each prefix's prompt and `mixed` says whether that prompt's bare rollouts
-already mixed (for the `prompt` objective)."""
+"""(prefix values ṽ, observed outcomes r, Stage-2 budget, settings, rng, *, prompts, mixed, costs=None) ->
+continuations per prefix; `prompts` names each prefix's prompt and `mixed` says whether that prompt's
+bare rollouts already mixed (for the `prompt` objective); `costs` (token budgets only) are each
+prefix's expected tokens per continuation."""
 
 
-def uniform_stage1(v: np.ndarray, budget: int, s: AllocationSettings, known: np.ndarray | None = None) -> np.ndarray:
+def affordable(budget: int, costs: np.ndarray) -> int:
+    """Rollouts a token budget buys at the mean cost: what the uniform and random allocators spread."""
+    return int(budget // float(np.mean(costs))) if len(costs) else 0
+
+
+def _no_costs(name: str, costs: np.ndarray | None) -> None:
+    if costs is not None:
+        raise ValueError(f"the {name} allocator spends leaves, not tokens (rollout.budget_unit: tokens takes {', '.join(TOKEN_UNITS)})")
+
+
+def uniform_stage1(v: np.ndarray, budget: int, s: AllocationSettings, known: np.ndarray | None = None, *, costs: np.ndarray | None = None) -> np.ndarray:
+    if costs is not None:  # the leaves the tokens buy at the mean cost, split evenly
+        leaves = affordable(budget, costs)
+        return uniform_roots(len(v), leaves if leaves >= s.min_per_prompt else 0, min_per_prompt=s.min_per_prompt)
     return uniform_roots(len(v), budget, min_per_prompt=s.min_per_prompt)
 
 
-def exact_stage1(v: np.ndarray, budget: int, s: AllocationSettings, known: np.ndarray | None = None) -> np.ndarray:
+def exact_stage1(v: np.ndarray, budget: int, s: AllocationSettings, known: np.ndarray | None = None, *, costs: np.ndarray | None = None) -> np.ndarray:
+    if costs is not None:
+        return allocate_roots_by_cost(v, costs, budget, min_per_prompt=s.min_per_prompt, max_per_prompt=s.max_per_prompt)
     return allocate_roots(v, budget, min_per_prompt=s.min_per_prompt, max_per_prompt=s.max_per_prompt)
 
 
-def knapsack_stage1(v: np.ndarray, budget: int, s: AllocationSettings, known: np.ndarray | None = None) -> np.ndarray:
+def knapsack_stage1(v: np.ndarray, budget: int, s: AllocationSettings, known: np.ndarray | None = None, *, costs: np.ndarray | None = None) -> np.ndarray:
+    _no_costs("knapsack", costs)
     return knapsack_roots(v, budget, min_per_prompt=s.min_per_prompt, max_per_prompt=s.max_per_prompt, known=known)
 
 
-def pcl_stage1(v: np.ndarray, budget: int, s: AllocationSettings, known: np.ndarray | None = None) -> np.ndarray:
+def pcl_stage1(v: np.ndarray, budget: int, s: AllocationSettings, known: np.ndarray | None = None, *, costs: np.ndarray | None = None) -> np.ndarray:
+    _no_costs("pcl", costs)
     keep = max(1, min(len(v), budget // s.min_per_prompt, round(len(v) * s.pcl_keep_share)))
     return pcl_roots(v, budget, keep=keep, min_per_prompt=s.min_per_prompt)
 
 
 def expand_stage2(
-    v: np.ndarray, r: np.ndarray, budget: int, s: AllocationSettings, rng: np.random.Generator, *, prompts: np.ndarray, mixed: np.ndarray
+    v: np.ndarray, r: np.ndarray, budget: int, s: AllocationSettings, rng: np.random.Generator, *,
+    prompts: np.ndarray, mixed: np.ndarray, costs: np.ndarray | None = None,
 ) -> np.ndarray:
+    if costs is not None:
+        if s.stage2_objective == "prompt":
+            raise ValueError("stage2_objective prompt spends leaves; under a token budget Stage 2 maximises the paper's anchor objective")
+        return expand_prefixes_by_cost(v, r, costs, budget, max_per_prefix=s.max_per_prefix)
     if s.stage2_objective == "prompt":
         return expand_for_prompts(v, r, prompts, mixed, budget, max_per_prefix=s.max_per_prefix)
     return expand_prefixes(v, r, budget, max_per_prefix=s.max_per_prefix)
 
 
 def random_stage2(
-    v: np.ndarray, r: np.ndarray, budget: int, s: AllocationSettings, rng: np.random.Generator, *, prompts: np.ndarray, mixed: np.ndarray
+    v: np.ndarray, r: np.ndarray, budget: int, s: AllocationSettings, rng: np.random.Generator, *,
+    prompts: np.ndarray, mixed: np.ndarray, costs: np.ndarray | None = None,
 ) -> np.ndarray:
-    return random_prefixes(v.size, budget, rng=rng, max_per_prefix=s.max_per_prefix)
+    leaves = budget if costs is None else affordable(budget, costs)
+    return random_prefixes(v.size, leaves, rng=rng, max_per_prefix=s.max_per_prefix)
 
 
 @dataclass(frozen=True)
@@ -104,6 +139,12 @@ class MethodSpec:
     def uses_values(self) -> bool:
         """Whether its allocation reads the predictor (so the benchmark can feed it oracle values)."""
         return self.stage1 is not uniform_stage1 or self.stage2 is expand_stage2
+
+    @property
+    def allocates_tokens(self) -> bool:
+        """Whether both its stages can spend a token budget (`rollout.budget_unit: tokens`)."""
+        stages = [self.stage1] + ([] if self.stage2 is None else [self.stage2])
+        return self.resample is None and all(stage.__name__.removesuffix("_stage1").removesuffix("_stage2") in TOKEN_UNITS for stage in stages)
 
     def stage1_budget(self, settings: AllocationSettings) -> int:
         if self.stage2 is None:

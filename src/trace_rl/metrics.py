@@ -53,12 +53,19 @@ def mixed_budget_share(trees: Sequence[RolloutTree]) -> float:
     return float(leaves[mixed].sum() / total) if total else 0.0
 
 
+def generated_tokens(tree: RolloutTree) -> int:
+    """Tokens the policy wrote in a tree (every turn's mask ones; the root holds the prompt)."""
+    return sum(sum(node.mask) for node in tree.nodes[1:])
+
+
 def tree_metrics(trees: Sequence[RolloutTree]) -> dict[str, float]:
-    """The `tree/*` metrics of one batch."""
+    """The `tree/*` metrics of one batch. The `_per_ktoken` figures divide by the policy tokens the
+    batch generated, what a step pays for on a GPU (`rollout.budget_unit: tokens` spends those)."""
     leaves = np.array([t.leaves().size for t in trees], dtype=np.float64)
     sampled = leaves > 0
     branch_depths = [t.nodes[a].depth for t in trees for a in t.anchors() if a != 0]
     mixed = np.array([t.is_mixed() for t in trees], dtype=bool)
+    kilotokens = sum(generated_tokens(t) for t in trees) / 1000.0
     return {
         "tree/effective_ratio": effective_ratio(trees),
         "tree/effective_per_candidate": float(mixed.mean()) if len(trees) else 0.0,
@@ -69,6 +76,9 @@ def tree_metrics(trees: Sequence[RolloutTree]) -> dict[str, float]:
         "tree/leaves": float(leaves.sum()),
         "tree/branch_depth/mean": float(np.mean(branch_depths)) if branch_depths else 0.0,
         "tree/branch_points": float(len(branch_depths)),
+        "tree/tokens_generated": 1000.0 * kilotokens,
+        "tree/mixed_leaves_per_ktoken": float(leaves[mixed].sum() / kilotokens) if kilotokens else 0.0,
+        "tree/mixed_prompts_per_ktoken": float(mixed.sum() / kilotokens) if kilotokens else 0.0,
     }
 
 

@@ -17,6 +17,11 @@ backup value against `success_threshold`). Stage-2 budget that no prefix can tak
 prefix, or every one at `max_per_prefix`) goes round-robin to the prompts already sampled, so a
 batch always holds exactly `budget` leaves.
 
+Under a token budget (`settings.budget_unit == "tokens"`) both stages also take each candidate's
+expected cost in generated tokens (`costs`, from `trace_rl.token_budget.TokenCosts`) and spend
+expected tokens instead of leaves; Stage-2 tokens no prefix takes buy bare rollouts at the sampled
+prompts' mean fresh cost (`fresh_costs`), so the number of leaves is whatever the tokens buy.
+
 With `per_tree=True`, `settings.budget` is each tree's own: every tree is planned alone (Stage 1
 gives its one prompt the Stage-1 budget, Stage 2 spends the rest over that tree's own prefixes), so
 every tree holds exactly `budget` leaves. This is the shape of GRPO trainers with a fixed group size
@@ -55,13 +60,16 @@ def plan_roots(
     known: np.ndarray | None = None,
     *,
     per_tree: bool = False,
+    costs: np.ndarray | None = None,
 ) -> list[Request]:
     """Stage 1: rollouts per prompt. Sets every root's `budget`, and `predicted` when `values` are given
     (they may be None for a method that does not read them: a uniform split). `known` marks the
     prompts whose value the predictor vouches for (None: all), for allocators that care (Knapsack-RL).
-    `per_tree`: each tree is planned alone on its own budget (see the module docstring)."""
+    `per_tree`: each tree is planned alone on its own budget (see the module docstring). `costs`:
+    each prompt's expected tokens per fresh rollout, required under a token budget."""
     if values is None and method.stage1 is not uniform_stage1:
         raise ValueError(f"method {method.name!r} allocates Stage 1 from values; got none")
+    costs = _costs_for(settings, costs, len(trees), "tree")
     if per_tree:
         checked = None if values is None else _checked(values, len(trees), "tree")[0]
         return [
@@ -71,10 +79,11 @@ def plan_roots(
                 method, settings, trees[index : index + 1],
                 None if checked is None else checked[index : index + 1],
                 None if known is None else known[index : index + 1],
+                costs=None if costs is None else costs[index : index + 1],
             )
         ]
     values, record = _checked(values, len(trees), "tree")
-    per_prompt = method.stage1(values, method.stage1_budget(settings), settings, known)
+    per_prompt = method.stage1(values, method.stage1_budget(settings), settings, known, costs=costs)
     requests = []
     for index, (tree, v, m) in enumerate(zip(trees, values, per_prompt)):
         tree.root.budget = int(m)
@@ -107,18 +116,24 @@ def plan_prefixes(
     rng: np.random.Generator,
     *,
     per_tree: bool = False,
+    costs: np.ndarray | None = None,
+    fresh_costs: np.ndarray | None = None,
 ) -> list[Request]:
     """Stage 2: continuations per candidate prefix, then the leftover to sampled roots (see module doc).
 
     Sets `predicted` on every candidate (when `values` are given) and `budget` on the expanded ones.
     Returns [] for a method without Stage 2. `per_tree`: each tree spends its own Stage-2 budget
-    over its own candidates, trees in order (see the module docstring).
+    over its own candidates, trees in order (see the module docstring). Under a token budget,
+    `costs` (per candidate, tokens per continuation) and `fresh_costs` (per tree, tokens per fresh
+    rollout) are required.
     """
     budget = method.stage2_budget(settings)
     if method.stage2 is None or budget <= 0:
         return []
     if values is None and method.stage2 is expand_stage2:
         raise ValueError(f"method {method.name!r} allocates Stage 2 from values; got none")
+    costs = _costs_for(settings, costs, len(candidates), "candidate")
+    fresh_costs = _costs_for(settings, fresh_costs, len(trees), "tree")
     if per_tree:
         checked = None if values is None else _checked(values, len(candidates), "candidate")[0]
         requests: list[Request] = []
@@ -127,6 +142,7 @@ def plan_prefixes(
             own = plan_prefixes(
                 method, settings, trees[index : index + 1], [(0, candidates[k][1]) for k in mine],
                 None if checked is None else checked[mine], rng,
+                costs=None if costs is None else costs[mine], fresh_costs=None if fresh_costs is None else fresh_costs[index : index + 1],
             )
             requests += [replace(request, tree=index) for request in own]
         return requests
@@ -139,7 +155,7 @@ def plan_prefixes(
     prompts = np.array([index for index, _ in candidates], dtype=np.int64)
     mixed_trees = {index: _mixed(trees[index], settings.success_threshold) for index in backups}
     mixed = np.array([mixed_trees[index] for index, _ in candidates], dtype=bool)
-    per_prefix = method.stage2(values, outcomes, budget, settings, rng, prompts=prompts, mixed=mixed) if candidates else np.zeros(0, dtype=np.int64)
+    per_prefix = method.stage2(values, outcomes, budget, settings, rng, prompts=prompts, mixed=mixed, costs=costs) if candidates else np.zeros(0, dtype=np.int64)
     requests = []
     for (index, node_id), v, k in zip(candidates, values, per_prefix):
         node = trees[index].nodes[node_id]
@@ -148,7 +164,24 @@ def plan_prefixes(
         if k > 0:
             node.budget = int(k)
             requests.append(Request(index, node_id, int(k)))
-    return requests + leftover_requests(trees, budget - int(per_prefix.sum()))
+    if costs is None:
+        return requests + leftover_requests(trees, budget - int(per_prefix.sum()))
+    left = budget - float(per_prefix @ costs) if candidates else float(budget)
+    sampled = [index for index, tree in enumerate(trees) if tree.root.budget > 0]
+    fresh = float(np.mean(fresh_costs[sampled])) if sampled else np.inf
+    return requests + leftover_requests(trees, int(left // fresh))
+
+
+def _costs_for(settings: AllocationSettings, costs: np.ndarray | None, count: int, what: str) -> np.ndarray | None:
+    """The costs as float64 under a token budget (required there), None under a leaf budget."""
+    if settings.budget_unit != "tokens":
+        return None
+    if costs is None:
+        raise ValueError(f"a token budget needs each {what}'s expected cost in tokens; got none")
+    array = np.asarray(costs, dtype=np.float64)
+    if array.shape != (count,):
+        raise ValueError(f"costs has shape {array.shape}, expected one per {what} ({count})")
+    return array
 
 
 def _mixed(tree: RolloutTree, threshold: float) -> bool:

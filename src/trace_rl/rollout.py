@@ -39,15 +39,18 @@ from trace_rl.agent.env import Env, EnvSnapshot, StepResult
 from trace_rl.agent.types import Task
 from trace_rl.config import FieldError, check_choice, check_range
 from trace_rl.engine.base import Completion, Engine, SamplingParams
-from trace_rl.methods import AllocationSettings, MethodName, MethodSpec, get_method
+from trace_rl.methods import METHODS, AllocationSettings, MethodName, MethodSpec, get_method
 from trace_rl.metrics import tree_metrics
 from trace_rl.plan import Request, plan_prefixes, plan_roots, prefix_candidates
 from trace_rl.predictor.base import KnowsPrompts, SuccessPredictor
+from trace_rl.token_budget import TokenCosts
 from trace_rl.tree import History, RolloutTree
 
 MAX_BUDGET = 65_536
 """Most leaves one batch may hold: far above published RL batches (512 prompts x 16 rollouts is 8,192),
 so a larger budget is a typo; a budget of 10**9 ran out of memory after 92 s instead of being refused."""
+MAX_TOKEN_BUDGET = 2**27
+"""Most expected generated tokens one batch may spend (`budget_unit: tokens`): 8,192 rollouts of 16k."""
 
 
 SAMPLE_WAVE = 128
@@ -66,7 +69,14 @@ class RolloutConfig:
     trace_stage1 | trace_stage2 | trace."""
     budget: int = 64
     """Leaves per batch (one rollout = one leaf; a continuation from a prefix counts as one), from
-    `min_per_prompt` to `MAX_BUDGET`."""
+    `min_per_prompt` to `MAX_BUDGET`; with `budget_unit: tokens`, expected generated tokens per batch."""
+    budget_unit: Literal["leaves", "tokens"] = "leaves"
+    """`leaves`: every rollout costs one (the paper's budget). `tokens`: a rollout costs its expected
+    generated tokens, learnt from the trees so far (`trace_rl.token_budget.TokenCosts`: per depth, per
+    task), so a continuation from a deep prefix is cheaper than a fresh rollout; both stages spend
+    `budget` tokens (exact solvers, `trace_rl.token_budget`) and a batch holds as many leaves as that
+    buys. For the methods whose allocators can (`MethodSpec.allocates_tokens`); Stage 2 then uses the
+    `anchor` objective."""
     stage1_share: float = 0.5
     """Share of the budget spent on bare rollouts when the method has a Stage 2."""
     min_per_prompt: int = 2
@@ -102,9 +112,18 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         get_method(self.method)  # raises with the known names
         check_range(self, "min_per_prompt", ge=2, why="one rollout has nothing to contrast with")
-        check_range(self, "budget", ge=1, le=MAX_BUDGET)
-        if self.budget < self.min_per_prompt:
-            raise FieldError("budget", self.budget, f">= min_per_prompt={self.min_per_prompt} (a sampled prompt gets at least that many rollouts)")
+        check_choice(self, "budget_unit", ("leaves", "tokens"))
+        if self.budget_unit == "tokens":
+            check_range(self, "budget", ge=1, le=MAX_TOKEN_BUDGET, why="expected generated tokens per batch")
+            if not get_method(self.method).allocates_tokens:
+                able = ", ".join(name for name, spec in METHODS.items() if spec.allocates_tokens)
+                raise FieldError("budget_unit", self.budget_unit, f"leaves for method {self.method!r}, whose allocator spends leaves (tokens: {able})")
+            if self.stage2_objective != "anchor":
+                raise FieldError("stage2_objective", self.stage2_objective, "anchor with budget_unit tokens (the prompt objective spends leaves)")
+        else:
+            check_range(self, "budget", ge=1, le=MAX_BUDGET)
+            if self.budget < self.min_per_prompt:
+                raise FieldError("budget", self.budget, f">= min_per_prompt={self.min_per_prompt} (a sampled prompt gets at least that many rollouts)")
         check_range(self, "stage1_share", gt=0, le=1)
         check_range(self, "max_per_prompt", ge=self.min_per_prompt, nullable=True, why="at least min_per_prompt; null: no cap")
         check_range(self, "max_per_prefix", ge=1, nullable=True, why="null: no cap")
@@ -139,6 +158,7 @@ class RolloutConfig:
             success_threshold=self.success_threshold,
             pcl_keep_share=self.pcl_keep_share,
             stage2_objective=self.stage2_objective,
+            budget_unit=self.budget_unit,
         )
 
     @property
@@ -253,29 +273,41 @@ class TreeRolloutCollector:
         self.method = config.spec
         self.rng = np.random.default_rng(seed)
         self.executor = executor if executor is not None else RolloutRunner(engine, tokenizer, env, config)
+        self.costs = TokenCosts(initial=float(config.max_new_tokens)) if config.budget_unit == "tokens" else None
+        """Expected tokens per rollout under a token budget (before any is seen: one full turn)."""
 
     def state_dict(self) -> dict[str, Any]:
-        """The sampling RNG, so a resumed run draws what the unbroken one would have."""
-        return {"rng": self.rng.bit_generator.state}
+        """The sampling RNG (and the token costs learnt so far), so a resumed run draws what the
+        unbroken one would have."""
+        state: dict[str, Any] = {"rng": self.rng.bit_generator.state}
+        if self.costs is not None:
+            state["costs"] = self.costs.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rng.bit_generator.state = state["rng"]
+        if self.costs is not None and "costs" in state:
+            self.costs.load_state_dict(state["costs"])
 
     # ------------------------------------------------------------------ the two stages
 
     def collect(self, tasks: Sequence[Task], *, per_tree: bool = False) -> RolloutBatch:
         """One batch of trees holding exactly `budget` leaves; with `per_tree`, every tree holds exactly
-        `budget` leaves, planned alone (`trace_rl.plan`: a fixed group size, as TRL's `num_generations`)."""
+        `budget` leaves, planned alone (`trace_rl.plan`: a fixed group size, as TRL's `num_generations`).
+        Under a token budget a batch (or tree) spends `budget` expected tokens instead, and holds the
+        leaves they buy."""
         if not tasks:
             raise ValueError("collect() needs at least one task")
         cfg, settings = self.config, self.config.allocation()
         batch = self._new_batch(tasks)
         budgets = len(tasks) if per_tree else 1  # one budget per tree, or one for the batch
+        fresh = None if self.costs is None else self.costs.fresh([task.task_id for task in tasks])
 
         start = time.perf_counter()
         roots = [History(task.question, (), task.task_id) for task in tasks]
         known = self.predictor.known(roots) if isinstance(self.predictor, KnowsPrompts) else None
-        requests = plan_roots(self.method, settings, batch.trees, self.predictor.predict(roots), known, per_tree=per_tree)
+        requests = plan_roots(self.method, settings, batch.trees, self.predictor.predict(roots), known, per_tree=per_tree, costs=fresh)
+        planned = 0.0 if fresh is None else sum(r.count * fresh[r.tree] for r in requests)
         batch.timings["timing_s/alloc"] += time.perf_counter() - start
         self._run(batch, requests)
 
@@ -285,14 +317,21 @@ class TreeRolloutCollector:
             candidates = prefix_candidates(batch.trees, lambda tree, node: self._has_room(batch, tree, node))
             histories = [batch.trees[tree].history(node) for tree, node in candidates]
             v_pref = self.predictor.predict(histories) if candidates else np.zeros(0)
-            requests = plan_prefixes(self.method, settings, batch.trees, candidates, v_pref, self.rng, per_tree=per_tree)
+            branch = None if self.costs is None else self.costs.continuation(batch.trees, candidates)
+            requests = plan_prefixes(self.method, settings, batch.trees, candidates, v_pref, self.rng, per_tree=per_tree, costs=branch, fresh_costs=fresh)
             to_roots = sum(r.count for r in requests if r.node == 0)
+            if self.costs is not None:
+                cost_of = {c: k for k, c in enumerate(candidates)}
+                planned += sum(r.count * (fresh[r.tree] if r.node == 0 else branch[cost_of[(r.tree, r.node)]]) for r in requests)
             batch.timings["timing_s/alloc"] += time.perf_counter() - start
             self._run(batch, requests)
 
         leaves = sum(int(tree.leaves().size) for tree in batch.trees)
-        if leaves != cfg.budget * budgets:  # a broken invariant is our bug, never a silent miscount
+        if self.costs is not None:
+            self.costs.observe(batch.trees)
+        elif leaves != cfg.budget * budgets:  # a broken invariant is our bug, never a silent miscount
             raise AssertionError(f"collected {leaves} leaves for a budget of {cfg.budget * budgets}")
+        token_stats = {} if self.costs is None else {"rollout/tokens_planned": float(planned)}
         stats = {
             "rollout/budget": float(cfg.budget * budgets),
             "rollout/leaves": float(leaves),
@@ -303,6 +342,7 @@ class TreeRolloutCollector:
             "rollout/tokens_observation": float(batch.tokens["observation"]),
             "rollout/tokens_prefill": float(batch.tokens["prefill"]),
             "rollout/tokens_prompt": float(sum(len(t.root.token_ids) for t in batch.trees if t.root.budget)),
+            **token_stats,
             **batch.timings,
         }
         return RolloutBatch(trees=batch.trees, stats=stats)

@@ -88,9 +88,10 @@ HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 def check_stage1_cap(config: RunConfig) -> None:
     """FieldError when `rollout.max_per_prompt` leaves Stage 1's budget no exact split over
-    `prompts_per_step` prompts (each gets 0 or [min_per_prompt, max_per_prompt] rollouts)."""
+    `prompts_per_step` prompts (each gets 0 or [min_per_prompt, max_per_prompt] rollouts). A token
+    budget is spent up to what the caps allow, so it needs no exact split."""
     rollout = config.rollout
-    if rollout.max_per_prompt is None:
+    if rollout.max_per_prompt is None or rollout.budget_unit == "tokens":
         return
     budget, low = rollout.stage1_budget, rollout.min_per_prompt
     most_prompts = min(config.prompts_per_step, budget // low)

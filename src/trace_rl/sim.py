@@ -76,6 +76,11 @@ class SimConfig:
     text_noise: float = 0.15
     """Chance that a text clue (a prompt's second topic word, a turn's kind, a turn's outcome) is
     hidden. Clues are hidden, never wrong: a tool's output shows what was found."""
+    turn_tokens: int = 40
+    """Policy tokens a tool turn writes (its mask's ones), so a token budget has something to count:
+    a rollout's cost is its number of turns, and a continuation from a deep prefix costs less."""
+    answer_tokens: int = 12
+    """Policy tokens of the answer turn."""
 
     def __post_init__(self) -> None:
         if self.num_topics < 1:
@@ -86,6 +91,9 @@ class SimConfig:
             raise ValueError(f"sim.prompt_noise must be >= 0, got {self.prompt_noise!r}")
         if self.max_turns < 1:
             raise ValueError(f"sim.max_turns must be >= 1, got {self.max_turns!r}")
+        for name in ("turn_tokens", "answer_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"sim.{name} must be >= 1, got {getattr(self, name)!r}")
         for name in ("answer_hazard", "decisive_share", "text_noise"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
@@ -186,7 +194,8 @@ class LatentTreeSimulator:
             if depth >= 1 and (depth >= cfg.max_turns or u[0] < cfg.answer_hazard):
                 reward = float(u[1] < p)
                 return tree.add_turn(
-                    node_id, thought="I have enough to answer", action="answer[final]", reward=reward, info={"p_true": reward}
+                    node_id, thought="I have enough to answer", action="answer[final]", reward=reward, info={"p_true": reward},
+                    token_ids=[0] * cfg.answer_tokens,
                 )
             decisive = u[2] < cfg.decisive_share
             low, high = DECISIVE_DELTA if decisive else MINOR_DELTA
@@ -204,6 +213,7 @@ class LatentTreeSimulator:
                 action=f"{_ACTIONS[kind]}[{topic_word} {other}]",
                 observation=_OBSERVATIONS[kind, outcome].format(filler),
                 info={"p_true": p},
+                token_ids=[0] * cfg.turn_tokens,
             )
             depth += 1
         raise AssertionError("unreachable: the last row always answers")  # depth reaches max_turns

@@ -193,6 +193,8 @@ class TraceRollout:
 def check_grpo_config(args: GRPOConfig, rollout: TraceRollout) -> None:
     """FieldError unless `args` trains the tree advantages as the module docstring says."""
     config = rollout.collector.config
+    if config.budget_unit != "leaves":
+        raise FieldError("rollout.budget_unit", config.budget_unit, "leaves (TRL's groups hold num_generations rows each)")
     if args.num_generations != config.budget:
         raise FieldError("GRPOConfig.num_generations", args.num_generations, f"rollout.budget={config.budget} (each prompt's tree holds exactly that many leaves)")
     if args.temperature != config.temperature:
