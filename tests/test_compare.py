@@ -129,3 +129,41 @@ def test_exported_results_hold_the_runs_and_reproduce_the_summary_and_the_readme
     text = readme.read_text()
     assert "stale" not in text and "### toy" in text and "A toy comparison." in text and text.endswith("## after\n")
     assert summary_table(summary) in text
+
+
+def test_a_variant_row_runs_its_method_with_its_overrides_into_its_own_folder(tmp_path):
+    from trace_rl.compare import run_compare
+
+    config = CompareConfig(
+        methods=["trace", "trace_tokens"], seeds=[0], evaluate_start=False,
+        variants={"trace_tokens": {"rollout.method": "trace", "rollout.budget_unit": "tokens", "rollout.budget": 2200, "train.steps": 3}},
+    )
+    config.run.train.steps = 2
+    made = {}
+
+    def train_one(run, run_dir, stop):
+        made[run_dir.relative_to(tmp_path).as_posix()] = (run.rollout.method, run.rollout.budget_unit, run.rollout.budget, run.seed)
+        _run(run_dir, [0.3] * run.train.steps)
+
+    summary = run_compare(config, tmp_path, train_one)
+    assert made == {"trace/seed_0": ("trace", "leaves", 64, 0), "trace_tokens/seed_0": ("trace", "tokens", 2200, 0)}
+    assert config.run.rollout.budget_unit == "leaves"  # the shared config is untouched
+    assert set(summary["methods"]) == {"trace", "trace_tokens"}  # each row counts as finished at its own steps
+    assert summary["config"]["variants"]["trace_tokens"]["rollout.budget"] == 2200
+
+
+@pytest.mark.parametrize(
+    "variants, methods, match",
+    [
+        ({"trace": {"rollout.method": "trace"}}, ["trace"], "variants.trace"),
+        ({"mine": {"rollout.budget": 32}}, ["mine"], "variants.mine.rollout.method"),
+        ({"mine": {"rollout.method": "trace", "rollout.budgte": 32}}, ["mine"], "unknown config key 'variants.mine.rollout.budgte'"),
+        ({"mine": {"rollout.method": "knapsack", "rollout.budget_unit": "tokens", "rollout.budget": 999}}, ["mine"], "variants.mine.rollout.budget_unit"),
+        ({}, ["mine"], "methods"),
+    ],
+)
+def test_a_bad_variant_is_refused_naming_its_key(variants, methods, match):
+    from trace_rl.config import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        CompareConfig(methods=methods, seeds=[0], variants=variants)

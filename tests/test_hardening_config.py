@@ -120,6 +120,7 @@ OUT_OF_RANGE: dict[str, list[str]] = {
     "compare:seeds": ["[]", "[-1]", "[0, 0]"],
     "compare:accuracy": ["val/accuracy_typo"],
     "compare:workers": ["0"],
+    "compare:variants": ["{trace: {rollout.method: trace}}", "{mine: {rollout.budget: 8}}", "{mine: {rollout.method: trace, rollout.budget: 0}}"],
 }
 
 UNCONSTRAINED: dict[str, str] = {

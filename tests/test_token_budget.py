@@ -65,6 +65,9 @@ def test_stage1_by_cost_reaches_the_brute_force_optimum_with_integer_costs(seed)
     high = None if seed % 2 else int(rng.integers(low, 7))
     counts = allocate_roots_by_cost(v, costs, budget, min_per_prompt=low, max_per_prompt=high)
     assert counts.dtype == np.int64 and counts.shape == (n,)
+    if 0 < budget < low * costs.min():  # no group fits: one prompt gets a group anyway
+        assert sorted(counts.tolist()) == [0] * (n - 1) + [low]
+        return
     assert np.dot(counts, costs) <= budget
     assert all(m == 0 or (m >= low and (high is None or m <= high)) for m in counts)
     assert root_objective(v, counts) >= brute_roots(v, costs, budget, low, high) - 1e-12
@@ -127,6 +130,11 @@ def test_a_cheap_prefix_of_lower_gain_beats_a_dear_one():
 def test_an_unaffordable_prompt_is_left_out_and_the_budget_spent_on_the_rest():
     counts = allocate_roots_by_cost([0.5, 0.5], [100.0, 10.0], 50)
     assert counts.tolist() == [0, 5]
+
+
+def test_a_budget_that_affords_no_group_still_gives_one_to_the_best_value_per_token():
+    # two rollouts of prompt 0 cost 200 and are worth 0.5; of prompt 1, 100 and 0.32: 0.0032 a token beats 0.0025
+    assert allocate_roots_by_cost([0.5, 0.2], [100.0, 50.0], 60).tolist() == [0, 2]
 
 
 def test_zero_gain_rollouts_still_spend_the_budget():
@@ -245,13 +253,14 @@ def test_a_token_budget_batch_plans_within_its_tokens_and_learns_the_costs_for_t
     config = RolloutConfig(method=method, budget=600, budget_unit="tokens", max_new_tokens=32)
     collector = TreeRolloutCollector(ScriptedEngine(tokenizer, turns), tokenizer, env, FixedValues(), config, seed=1)
     first = collector.collect(taskset.tasks[:8])
-    # before any rollout a fresh one is guessed at one full turn (max_new_tokens): 600 / 32 rollouts at most
-    assert first.stats["rollout/tokens_planned"] <= 600 and first.stats["rollout/leaves"] <= 600 // 32
+    # before any rollout is seen a rollout is priced at its most, max_turns (4) full turns of 32 tokens
+    most = 32 * env.max_turns
+    assert first.stats["rollout/tokens_planned"] <= 600 and first.stats["rollout/leaves"] <= 600 // most
     assert collector.costs.depth_mean(0) is not None
     second = collector.collect(taskset.tasks[:8])
     assert second.stats["rollout/tokens_planned"] <= 600
     fresh = collector.costs.fresh([t.task_id for t in second.trees])
-    assert np.all(fresh < 32)  # the scripted turns are shorter than a full turn, so the second batch buys more
+    assert np.all(fresh < most)  # the scripted rollouts write less than their most, so the second batch buys more
     assert second.stats["rollout/leaves"] > first.stats["rollout/leaves"]
     for tree in second.trees:
         tree.validate()

@@ -209,7 +209,8 @@ def learned_rows(rows: Sequence[str]) -> list[str]:
 def _run_seed(cfg: BenchConfig, seed: int) -> _SeedResult:
     sim = LatentTreeSimulator(cfg.sim, seed=seed)
     predictors = {row: build_predictor(get_method(row).predictor, cfg.predictor, seed=seed) for row in learned_rows(cfg.methods)}
-    costs = {row: TokenCosts(initial=float(cfg.sim.turn_tokens)) for row in cfg.methods} if cfg.budget_unit == "tokens" else {}
+    most = cfg.sim.turn_tokens * cfg.sim.max_turns + cfg.sim.answer_tokens  # the most a rollout writes
+    costs = {row: TokenCosts(initial=float(most)) for row in cfg.methods} if cfg.budget_unit == "tokens" else {}
     figures: dict[str, dict[str, list[float]]] = {m: {} for m in cfg.methods}
     warmup: dict[str, dict[str, list[float]]] = {m: {} for m in predictors}
     calibration: dict[str, dict[str, list[float]]] = {m: {} for m in predictors}

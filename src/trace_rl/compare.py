@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from trace_rl.config import MAX_SEED, FieldError, check_choice, check_range
-from trace_rl.methods import METHODS, MethodName
+from trace_rl.config import MAX_SEED, FieldError, check_choice, check_range, from_dict, set_dotted, to_dict
+from trace_rl.methods import METHODS
 from trace_rl.run import RunConfig
 from trace_rl.rundir import START, RunDir, atomic_write
 from trace_rl.train.trainer import StopRequest
@@ -35,8 +35,13 @@ once `stop` is requested."""
 
 @dataclass
 class CompareConfig:
-    methods: list[MethodName] = field(default_factory=lambda: ["grpo", "prompt_only", "random_tree", "trace"])
-    """Methods to run; the first is the baseline the others are measured against."""
+    methods: list[str] = field(default_factory=lambda: ["grpo", "prompt_only", "random_tree", "trace"])
+    """Rows to run, each a method of the registry or a name in `variants`; the first is the baseline the
+    others are measured against."""
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Named rows that change the shared run config: each maps dotted keys of `run` to values and must
+    set `rollout.method`, e.g. `trace_tokens: {rollout.method: trace, rollout.budget_unit: tokens,
+    rollout.budget: 2200}`; its runs go to `DIR/<name>/seed_<k>/`."""
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     accuracy: str = "val/accuracy_sampled"
     """The held-out accuracy the table reports (`val/accuracy_greedy` or `val/accuracy_sampled`)."""
@@ -50,9 +55,16 @@ class CompareConfig:
     with the same tasks and samples as the runs' evaluations."""
 
     def __post_init__(self) -> None:
-        unknown = [m for m in self.methods if m not in METHODS]
+        for name, overrides in self.variants.items():
+            if name in METHODS or name == START or not name.replace("_", "").replace("-", "").isalnum():
+                raise FieldError(f"variants.{name}", overrides, "a name of letters, digits, - and _ that is no method's (a folder under the comparison)")
+            if not isinstance(overrides, dict) or overrides.get("rollout.method") not in METHODS:
+                raise FieldError(f"variants.{name}.rollout.method", (overrides or {}).get("rollout.method") if isinstance(overrides, dict) else overrides,
+                                 f"one of {', '.join(METHODS)} (a variant names the method it runs)")
+        rows = [*METHODS, *self.variants]
+        unknown = [m for m in self.methods if m not in rows]
         if unknown or not self.methods or len(set(self.methods)) < len(self.methods):
-            raise FieldError("methods", self.methods, f"a non-empty list of distinct methods from {', '.join(METHODS)}")
+            raise FieldError("methods", self.methods, f"a non-empty list of distinct names from the methods {', '.join(METHODS)} or the variants")
         if not self.seeds or len(set(self.seeds)) < len(self.seeds):
             raise FieldError("seeds", self.seeds, "a non-empty list of distinct seeds")
         for index, seed in enumerate(self.seeds):
@@ -60,13 +72,31 @@ class CompareConfig:
                 raise FieldError(f"seeds[{index}]", seed, f"in [0, {MAX_SEED}]")
         check_range(self, "workers", ge=1)
         check_choice(self, "accuracy", ("val/accuracy_greedy", "val/accuracy_sampled"))
+        for name in self.variants:  # listed or not, a variant that cannot run is refused (errors name its key)
+            self.run_config(name)
         for method in self.methods:  # each run's config is this one with its method: check them all now
+            if method in self.variants:
+                continue
             try:
                 replace(self.run, rollout=replace(self.run.rollout, method=method))
             except FieldError as exc:
                 raise FieldError(f"run.{exc.name}", exc.value, f"{exc.accepted} for method {method}", exc.hint) from exc
             except ValueError as exc:
                 raise ValueError(f"run, for method {method}: {exc}") from exc
+
+    def run_config(self, name: str, seed: int | None = None) -> RunConfig:
+        """The run config of one row (a method, or a variant's overrides on `run`), at `seed` if given."""
+        if name in self.variants:
+            data = to_dict(self.run)
+            for key, value in self.variants[name].items():
+                set_dotted(data, str(key), value, what=f"variants.{name}.{key}")
+            run = from_dict(RunConfig, data, prefix=f"variants.{name}.")
+        else:
+            run = copy.deepcopy(self.run)
+            run.rollout.method = name  # type: ignore[assignment]
+        if seed is not None:
+            run.seed = seed
+        return run
 
 
 def evaluate_starting_policy(run: RunConfig, run_dir: Path, stop: StopRequest | None = None) -> None:
@@ -111,9 +141,7 @@ def run_compare(
     for seed in config.seeds:  # seed by seed, so a comparison cut short compares the methods on the same seeds
         for method in config.methods:
             run_dir = out / method / f"seed_{seed}"
-            run = copy.deepcopy(config.run)
-            run.rollout.method = method  # type: ignore[assignment]
-            run.seed = seed
+            run = config.run_config(method, seed)
             if not _finished(run_dir, run.train.steps):
                 pending.append((train_one, run, run_dir))
     if config.workers == 1:
@@ -238,7 +266,8 @@ def summarise(out: Path, config: CompareConfig) -> dict[str, Any]:
     unfinished: dict[str, dict[int, int]] = {}
     for method in config.methods:
         begun = {seed: _run_metrics(out / method / f"seed_{seed}") for seed in config.seeds}
-        by_seed = {seed: r for seed, r in begun.items() if r and r[-1]["step"] >= config.run.train.steps}
+        steps = config.run_config(method).train.steps
+        by_seed = {seed: r for seed, r in begun.items() if r and r[-1]["step"] >= steps}
         if cut := {seed: int(r[-1]["step"]) for seed, r in begun.items() if r and seed not in by_seed}:
             unfinished[method] = cut
         if not by_seed:

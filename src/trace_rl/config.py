@@ -174,16 +174,22 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"override {item!r} must look like section.key=value")
-    parts = key.strip().split(".")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {item!r}: value is not valid YAML: {_one_line(exc)}") from exc
+    set_dotted(data, key.strip(), value, what=f"override {item!r}")
+
+
+def set_dotted(data: dict[str, Any], key: str, value: Any, *, what: str = "key") -> None:
+    """Set `a.b.c` to `value` in a nested dict, making the sections on the way."""
+    parts = key.split(".")
     node = data
     for part in parts[:-1]:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
-            raise ConfigError(f"override {item!r}: {part!r} is not a section")
-    try:
-        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override {item!r}: value is not valid YAML: {_one_line(exc)}") from exc
+            raise ConfigError(f"{what}: {part!r} is not a section")
+    node[parts[-1]] = value
 
 
 def dump_yaml(config: Any, path: str | Path) -> None:

@@ -273,8 +273,8 @@ class TreeRolloutCollector:
         self.method = config.spec
         self.rng = np.random.default_rng(seed)
         self.executor = executor if executor is not None else RolloutRunner(engine, tokenizer, env, config)
-        self.costs = TokenCosts(initial=float(config.max_new_tokens)) if config.budget_unit == "tokens" else None
-        """Expected tokens per rollout under a token budget (before any is seen: one full turn)."""
+        self.costs = TokenCosts(initial=float(config.max_new_tokens * env.max_turns)) if config.budget_unit == "tokens" else None
+        """Expected tokens per rollout under a token budget (before any is seen: its most, max_turns full turns)."""
 
     def state_dict(self) -> dict[str, Any]:
         """The sampling RNG (and the token costs learnt so far), so a resumed run draws what the

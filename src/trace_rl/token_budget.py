@@ -217,6 +217,8 @@ def allocate_roots_by_cost(
 ) -> np.ndarray:
     """Stage 1 under a token budget: rollouts per prompt maximising Σ root_value(v_i, m_i) with
     Σ costs_i · m_i <= budget, each m_i 0 or in [min_per_prompt, max_per_prompt] (None: no cap).
+    When the budget affords no group at all, the prompt of most value per token gets min_per_prompt
+    rollouts anyway: a batch always has something to learn its costs and policy from.
     `costs`: expected generated tokens of one fresh rollout of each prompt (> 0). Exact (large
     batches: within the bound the module docstring states); returns int64 counts, one per prompt."""
     v = _probabilities("v", v)
@@ -228,7 +230,10 @@ def allocate_roots_by_cost(
         return np.zeros(v.size, dtype=np.int64)
     units, capacity, _ = cost_units(costs, budget, resolution)
     full = [_root_table(value, int(most), low) for value, most in zip(v, _most(capacity, units, high))]
-    return _solve(full, units, capacity)[0]
+    counts = _solve(full, units, capacity)[0]
+    if not counts.any():  # not even one group fits: the best value per token gets one, over the budget
+        counts[int(np.argmax(root_value(v, low) / costs))] = low
+    return counts
 
 
 def expand_prefixes_by_cost(
@@ -274,8 +279,9 @@ class TokenCosts:
       short by chance (on the simulator that overspent the budget by 6-8%).
 
     Statistics decay by `decay` per `observe` call, so the estimates follow a policy whose rollouts
-    grow or shrink. Before any rollout is seen every cost is `initial` (one full turn, from the
-    collector's `max_new_tokens`). `state_dict` / `load_state_dict` make a resumed run exact.
+    grow or shrink. Before any rollout is seen every cost is `initial` (from the
+    collector's `max_new_tokens` times the env's `max_turns`: the most a rollout can write, so a first
+    batch cannot overspend). `state_dict` / `load_state_dict` make a resumed run exact.
     """
 
     initial: float
