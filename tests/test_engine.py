@@ -213,15 +213,6 @@ def test_update_weights_samples_from_the_new_weights_and_names_their_version(pol
     assert after.token_ids == reference.token_ids and after.logprobs == pytest.approx(reference.logprobs, abs=1e-6)
 
 
-def test_a_server_engine_refuses_new_weights_with_the_reason() -> None:
-    from trace_rl.engine import EngineError, OpenAIEngine
-
-    engine = OpenAIEngine("http://127.0.0.1:9")
-    assert engine.accepts_weights is False
-    with pytest.raises(EngineError, match="cannot send new weights to its server"):
-        engine.update_weights(None, version=1)
-
-
 # ---------------------------------------------------------------- the prefix cache
 
 

@@ -47,6 +47,8 @@ OUT_OF_RANGE: dict[str, list[str]] = {
     "model.server_timeout_s": ["0", "-1"],
     "model.server_retries": ["-1", "101"],
     "model.server_retry_wait_s": ["-1", "3601"],
+    "model.weight_sync": ["vllm", "nccl"],  # vllm with engine hf: the hf engine shares the weights
+    "model.weight_dir": ["' '"],
     "model.max_batch_size": ["0"],
     "model.prefix_cache_mb": ["-1"],
     "model.cpu_threads": ["0"],

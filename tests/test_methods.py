@@ -59,7 +59,7 @@ def test_rollout_command_spends_exactly_the_budget_for_every_method(method, tmp_
     assert out.is_file()
 
 
-def test_training_on_a_server_engine_is_refused_before_any_work(tmp_path, capsys):
+def test_training_on_a_server_engine_without_weight_sync_is_refused_before_any_work(tmp_path, capsys):
     from trace_rl.cli import main
 
     code = main([
@@ -68,5 +68,5 @@ def test_training_on_a_server_engine_is_refused_before_any_work(tmp_path, capsys
     ])
     assert code == 2
     err = capsys.readouterr().err
-    assert "model.engine=openai cannot train yet" in err and "weight push" in err
+    assert "model.engine=openai trains only with a weight push" in err and "model.weight_sync" in err
     assert not (tmp_path / "run").exists()  # refused before the folder, the model or the tasks

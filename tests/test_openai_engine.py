@@ -44,6 +44,8 @@ class FakeServer:
     def __init__(self, *, legacy: bool = False) -> None:
         self.legacy = legacy  # an older vLLM: no `token_ids`, only "token_id:N" strings
         self.requests: list[dict[str, Any]] = []
+        self.control: list[tuple[str, dict[str, Any]]] = []  # (path, body) of the weight routes
+        self.reset_succeeds = True
         self.failures: list[tuple[int, str]] = []  # (status, message) answered before succeeding
         self.delay_s = 0.0
         server = self
@@ -77,6 +79,18 @@ class FakeServer:
                 if server.failures:
                     status, message = server.failures.pop(0)
                     self._send(status, {"object": "error", "message": message, "code": status})
+                    return
+                if self.path in ("/collective_rpc", "/reset_prefix_cache", "/update_weights_from_disk", "/flush_cache"):
+                    server.control.append((self.path, body))
+                    reply = {"/collective_rpc": {"results": [None]}, "/reset_prefix_cache": {"success": server.reset_succeeds},
+                             "/update_weights_from_disk": {"success": True, "message": "loaded"}}.get(self.path)
+                    if reply is None:  # /flush_cache answers text, as SGLang's does
+                        self.send_response(200)
+                        self.send_header("Content-Length", "13")
+                        self.end_headers()
+                        self.wfile.write(b"Cache flushed")
+                    else:
+                        self._send(200, reply)
                     return
                 if self.path != "/v1/completions":
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
@@ -240,6 +254,67 @@ def test_bad_configuration_is_rejected() -> None:
         OpenAIEngine("http://127.0.0.1:1/v1", model="m").generate([[1]], SamplingParams(), route_keys=["a", "b"])
 
 
+# ---------------------------------------------------------------- weight push
+
+
+def small_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=2, max_position_embeddings=64)
+    return LlamaForCausalLM(config)
+
+
+def test_a_vllm_weight_push_writes_a_checkpoint_and_has_every_server_reload_it(tmp_path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    servers = [FakeServer(), FakeServer()]
+    try:
+        engine = OpenAIEngine([s.url for s in servers], model="m", weight_sync="vllm", weight_dir=tmp_path / "weights")
+        assert engine.accepts_weights and engine.weight_version == 0
+        model = small_llama()
+        engine.update_weights(model, version=3)
+        folder = (tmp_path / "weights" / "v3").resolve()
+        saved = load_file(str(folder / "model.safetensors"))
+        assert torch.equal(saved["model.norm.weight"], model.model.norm.weight.detach())
+        for server in servers:  # reload from the folder, then drop every prefix cached under the old weights
+            assert server.control == [("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}),
+                                      ("/reset_prefix_cache", {})]
+        assert engine.weight_version == 3
+        engine.update_weights(model, version=4)
+        assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v4"]  # one checkpoint kept
+        servers[1].reset_succeeds = False
+        with pytest.raises(EngineError, match="reset_prefix_cache did not reset"):
+            engine.update_weights(model, version=5)
+    finally:
+        for server in servers:
+            server.close()
+
+
+def test_an_sglang_weight_push_loads_from_disk_and_flushes_the_cache(server: FakeServer, tmp_path) -> None:
+    engine = OpenAIEngine(server.url, model="m", weight_sync="sglang", weight_dir=tmp_path)
+    engine.update_weights(small_llama(), version=1)
+    path = str((tmp_path / "v1").resolve())
+    assert server.control == [("/update_weights_from_disk", {"model_path": path}), ("/flush_cache", {})]
+
+
+def test_without_weight_sync_an_update_is_refused_and_training_with_a_server_is_refused_before_work() -> None:
+    from trace_rl.config import ConfigError
+    from trace_rl.run import RunConfig, check_trainable
+
+    engine = OpenAIEngine("http://127.0.0.1:9", model="m")
+    assert not engine.accepts_weights
+    with pytest.raises(EngineError, match="weight_sync=none"):
+        engine.update_weights(small_llama(), version=1)
+    config = RunConfig()
+    config.model.engine, config.model.server_urls = "openai", ["http://127.0.0.1:9"]
+    with pytest.raises(ConfigError, match="set model.weight_sync to vllm or sglang"):
+        check_trainable(config)
+    config.model.weight_sync = "vllm"
+    check_trainable(config)
+
+
 # ---------------------------------------------------------------- real vLLM (slow)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -331,3 +406,37 @@ def test_the_servers_prefix_cache_hits_are_read_from_usage():
     assert _cached_tokens({"usage": {"prompt_tokens": 90, "prompt_tokens_details": None}}) == 0
     assert _cached_tokens({"usage": {"prompt_tokens_details": {"cached_tokens": -3}}}) == 0
     assert _cached_tokens({}) == 0
+
+
+@pytest.mark.slow
+def test_vllm_cpu_server_samples_the_pushed_weights(vllm_server: tuple[str, Any], tmp_path) -> None:
+    """After `update_weights` the server's log-probs are the new model's (teacher forcing), not the
+    old one's; pushing the original back restores them."""
+    import copy
+
+    import torch
+
+    from trace_rl.models import score_batch
+
+    url, policy = vllm_server
+    engine = OpenAIEngine(url, model="policy", timeout_s=600, weight_sync="vllm", weight_dir=tmp_path)
+    prompt = policy.encode_chat([{"role": "user", "content": "Name a colour."}])
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=16, seed=3)
+    changed = copy.deepcopy(policy.model)
+    with torch.no_grad():
+        for layer in changed.model.layers:  # a visible change of every layer's output scale
+            layer.post_attention_layernorm.weight.mul_(1.5)
+    try:
+        engine.update_weights(changed, version=1)
+        [pushed] = engine.generate([prompt], params)
+        new = score_batch(changed, [(prompt, c.token_ids) for c in pushed])
+        old = score_batch(policy.model, [(prompt, c.token_ids) for c in pushed])
+        for completion, exp, before in zip(pushed, new, old):
+            assert completion.logprobs == pytest.approx(exp, abs=1e-3)
+            assert max(abs(a - b) for a, b in zip(completion.logprobs, before)) > 1e-2  # not the old weights'
+    finally:
+        engine.update_weights(policy.model, version=2)  # the module's other tests expect the original
+    [restored] = engine.generate([prompt], params)
+    expected = score_batch(policy.model, [(prompt, c.token_ids) for c in restored])
+    for completion, exp in zip(restored, expected):
+        assert completion.logprobs == pytest.approx(exp, abs=1e-3)

@@ -298,6 +298,16 @@ class ModelConfig:
     """Retries of a request that failed in a way that may pass (connection lost, deadline, 429, 5xx)."""
     server_retry_wait_s: float = 1.0
     """Wait before the first retry; it doubles for each next one."""
+    weight_sync: Literal["none", "vllm", "sglang"] = "none"
+    """How the trainer's new weights reach the servers of `engine: openai` after every update: written
+    to `weight_dir` as a Hugging Face checkpoint, then `vllm` asks each vLLM server to reload them
+    (`POST /collective_rpc` `reload_weights`, then `/reset_prefix_cache`; the server needs
+    `VLLM_SERVER_DEV_MODE=1`, as `scripts/vllm_cpu_server.sh` sets) and `sglang` each SGLang server
+    (`POST /update_weights_from_disk`). `none`: the servers keep their weights, so `engine: openai`
+    can sample and evaluate but not train."""
+    weight_dir: str | None = None
+    """Folder the servers can read where pushed weights are written (one checkpoint, replaced at each
+    push); None: a fresh temporary folder (the servers must run on this machine)."""
     max_batch_size: int = 64
     """Sequences the `hf` engine decodes together."""
     prefix_cache_mb: float = 1024.0
@@ -319,6 +329,11 @@ class ModelConfig:
         check_range(self, "server_timeout_s", gt=0, why="seconds")
         check_range(self, "server_retries", ge=0, le=100)
         check_range(self, "server_retry_wait_s", ge=0, le=3600, why="seconds")
+        check_choice(self, "weight_sync", ("none", "vllm", "sglang"))
+        if self.weight_sync != "none" and self.engine != "openai":
+            raise FieldError("weight_sync", self.weight_sync, "none with engine hf (the hf engine shares the trainer's weights)")
+        if self.weight_dir is not None and not str(self.weight_dir).strip():
+            raise FieldError("weight_dir", self.weight_dir, "a folder path or null")
         check_range(self, "max_batch_size", ge=1)
         check_range(self, "prefix_cache_mb", ge=0, why="0: no prefix cache")
         check_range(self, "cpu_threads", ge=1)

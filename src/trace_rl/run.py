@@ -223,13 +223,11 @@ def build_trainer(config: RunConfig, parts: Parts, run_dir: str | Path | RunDir)
 def check_trainable(config: RunConfig) -> None:
     """ConfigError unless the configured engine can receive the trainer's weights (before any work)."""
     if config.model.engine == "openai":
-        from trace_rl.engine.openai_server import OpenAIEngine
-
-        if not OpenAIEngine.accepts_weights:
+        if config.model.weight_sync == "none":
             raise ConfigError(
-                "model.engine=openai cannot train yet: trace-rl has no weight push to a vLLM / SGLang server, so the "
-                "server would keep sampling from the starting weights while the local model trains. Use "
-                "model.engine=hf to train; `rollout` and `eval` work with a server."
+                "model.engine=openai trains only with a weight push: set model.weight_sync to vllm or sglang (the "
+                "servers reload each update's weights from model.weight_dir); with none the servers would keep "
+                "sampling from the starting weights while the local model trains. `rollout` and `eval` work without one."
             )
 
 
@@ -300,6 +298,8 @@ def build_engine(model: ModelConfig, policy: Any) -> Engine:
             retry_wait_s=model.server_retry_wait_s,
             tokenizer=policy.tokenizer,
             vocab_size=int(policy.model.get_output_embeddings().weight.shape[0]),
+            weight_sync=model.weight_sync,
+            weight_dir=model.weight_dir,
         )
     from trace_rl.engine.hf import HFEngine
 

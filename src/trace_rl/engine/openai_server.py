@@ -34,6 +34,14 @@ integers of the vocabulary, choice indices that are not 0..n-1 once each, and, w
 known, text that is not what the token ids decode to). A request thus returns or raises within about
 `(retries + 1) * timeout_s` plus the waits.
 
+Weights (`weight_sync`): after each update `update_weights` writes the model as a Hugging Face
+checkpoint into `weight_dir` (a LoRA model merged first) and asks every server to load it: vLLM
+through its development routes (`VLLM_SERVER_DEV_MODE=1`): `POST /collective_rpc` calling the
+workers' `reload_weights(weights_path=...)`, then `POST /reset_prefix_cache` so no cached prefix
+of the old weights is reused; SGLang through `POST /update_weights_from_disk` and `/flush_cache`.
+The push returns once every server has answered, so the next batch samples the new weights. The
+servers must have been started from a checkpoint of the same architecture (the same parameter names).
+
 HTTP uses the standard library only (servers are reached directly, without proxies), one thread per
 request in flight.
 """
@@ -45,13 +53,16 @@ import http.client
 import json
 import math
 import re
+import shutil
 import ssl
+import tempfile
 import time
 import urllib.parse
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 from trace_rl.http_deadline import exchange
 
@@ -80,15 +91,49 @@ class OpenAIEngine:
     their token ids decode to. `vocab_size` bounds the token ids (default: `MAX_TOKEN_ID`).
     """
 
-    accepts_weights = False
-    """No weight push to the server yet: it samples from the weights it was started with."""
     weight_version = 0
+    """The version of the weights the servers last loaded (0: the ones they were started with)."""
+
+    @property
+    def accepts_weights(self) -> bool:
+        return self.weight_sync != "none"
 
     def update_weights(self, model: Any, *, version: int) -> None:
-        raise EngineError(
-            "OpenAIEngine cannot send new weights to its server yet, so the server would keep sampling from the "
-            "starting policy while training moves on (off-policy without saying so); train with model.engine=hf"
-        )
+        """Write `model` to `weight_dir` and have every server load it (see the module docstring)."""
+        if self.weight_sync == "none":
+            raise EngineError(
+                "OpenAIEngine has weight_sync=none, so the servers would keep sampling from the starting policy while "
+                "training moves on (off-policy without saying so); set model.weight_sync to vllm or sglang"
+            )
+        folder = self._weight_root() / f"v{version}"
+        _save_checkpoint(model, folder)
+        with ThreadPoolExecutor(max_workers=len(self.base_urls)) as pool:
+            list(pool.map(lambda url: self._load_weights(url, folder), self.base_urls))
+        for old in self._weight_root().glob("v*"):
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
+        self.weight_version = version
+
+    def _weight_root(self) -> Path:
+        if self.weight_dir is None:
+            self.weight_dir = tempfile.mkdtemp(prefix="trace-rl-weights-")
+        root = Path(self.weight_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        return root
+
+    def _load_weights(self, url: str, folder: Path) -> None:
+        server = url.removesuffix("/v1")  # the development and SGLang routes sit at the root
+        path = str(folder.resolve())
+        if self.weight_sync == "vllm":
+            self._request(server, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}}, json_reply=False)
+            reply = self._request(server, "/reset_prefix_cache", {})
+            if isinstance(reply, dict) and reply.get("success") is False:
+                raise EngineError(f"{server}/reset_prefix_cache did not reset (blocks still held); the old weights' prefixes could be reused")
+        else:
+            reply = self._request(server, "/update_weights_from_disk", {"model_path": path})
+            if isinstance(reply, dict) and reply.get("success") is False:
+                raise EngineError(f"{server}/update_weights_from_disk failed: {_clip(reply.get('message', reply))}")
+            self._request(server, "/flush_cache", {}, json_reply=False)
 
     def __init__(
         self,
@@ -103,8 +148,12 @@ class OpenAIEngine:
         route_prefix_tokens: int = 32,
         tokenizer: Any = None,
         vocab_size: int | None = None,
+        weight_sync: Literal["none", "vllm", "sglang"] = "none",
+        weight_dir: str | Path | None = None,
     ) -> None:
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
+        if weight_sync not in ("none", "vllm", "sglang"):
+            raise ValueError(f"weight_sync must be none, vllm or sglang, got {weight_sync!r}")
         if not urls:
             raise ValueError("OpenAIEngine needs at least one base URL")
         for url in urls:
@@ -127,6 +176,8 @@ class OpenAIEngine:
         self.route_prefix_tokens = route_prefix_tokens
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
+        self.weight_sync = weight_sync
+        self.weight_dir = None if weight_dir is None else str(weight_dir)
         self._models: dict[str, str] = {}
 
     def route(self, key: str | bytes | Sequence[int]) -> str:
@@ -212,8 +263,9 @@ class OpenAIEngine:
                 raise EngineError(f"{url}/models lists no model; pass model=...: {_clip(listing)}") from exc
         return self._models[url]
 
-    def _request(self, url: str, path: str, body: dict[str, Any] | None) -> Any:
-        """GET (body None) or POST JSON; retries what may pass by itself (module docstring)."""
+    def _request(self, url: str, path: str, body: dict[str, Any] | None, *, json_reply: bool = True) -> Any:
+        """GET (body None) or POST JSON; retries what may pass by itself (module docstring). With
+        `json_reply=False` a 200's body is returned as bytes, unparsed (control routes may answer text)."""
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
@@ -231,6 +283,8 @@ class OpenAIEngine:
             except (OSError, http.client.HTTPException) as exc:
                 failure = _connection_failure(exc)
             else:
+                if status == 200 and not json_reply:
+                    return raw
                 if status == 200:
                     try:
                         return json.loads(raw)
@@ -245,6 +299,20 @@ class OpenAIEngine:
                 time.sleep(wait)
         elapsed = time.monotonic() - start
         raise EngineError(f"{url}{path} {failure} ({self.retries + 1} attempts in {elapsed:.1f}s)")
+
+
+def _save_checkpoint(model: Any, folder: Path) -> None:
+    """`model` as a Hugging Face checkpoint (safetensors) in `folder`; a PEFT (LoRA) model is merged
+    into a copy of its base first, since a server loads full weights. Written beside and renamed, so
+    a server never reads a half-written checkpoint."""
+    import copy
+
+    full = copy.deepcopy(model).merge_and_unload() if hasattr(model, "merge_and_unload") else model
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    full.save_pretrained(partial, safe_serialization=True)
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
 
 
 def _connection_failure(exc: BaseException) -> str:
