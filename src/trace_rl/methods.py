@@ -49,10 +49,6 @@ class AllocationSettings:
     then get every candidate's expected cost."""
 
 
-TOKEN_UNITS = ("exact", "uniform", "expand", "random")
-"""The allocators that can spend a token budget (`MethodSpec.allocates_tokens`)."""
-
-
 Stage1Allocator = Callable[..., np.ndarray]
 """(root values v, Stage-1 budget, settings, known, *, costs=None) -> rollouts per prompt (int64, summing
 to the budget). `known` marks the prompts whose value the predictor vouches for (None: all; see
@@ -71,7 +67,8 @@ def affordable(budget: int, costs: np.ndarray) -> int:
 
 def _no_costs(name: str, costs: np.ndarray | None) -> None:
     if costs is not None:
-        raise ValueError(f"the {name} allocator spends leaves, not tokens (rollout.budget_unit: tokens takes {', '.join(TOKEN_UNITS)})")
+        able = ", ".join(f.__name__ for f in TOKEN_ALLOCATORS)
+        raise ValueError(f"the {name} allocator spends leaves, not tokens (rollout.budget_unit: tokens takes {able})")
 
 
 def uniform_stage1(v: np.ndarray, budget: int, s: AllocationSettings, known: np.ndarray | None = None, *, costs: np.ndarray | None = None) -> np.ndarray:
@@ -119,6 +116,10 @@ def random_stage2(
     return random_prefixes(v.size, leaves, rng=rng, max_per_prefix=s.max_per_prefix)
 
 
+TOKEN_ALLOCATORS = (uniform_stage1, exact_stage1, expand_stage2, random_stage2)
+"""The allocators that can spend a token budget (`MethodSpec.allocates_tokens`)."""
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     """What one method does; see the module docstring."""
@@ -144,7 +145,7 @@ class MethodSpec:
     def allocates_tokens(self) -> bool:
         """Whether both its stages can spend a token budget (`rollout.budget_unit: tokens`)."""
         stages = [self.stage1] + ([] if self.stage2 is None else [self.stage2])
-        return self.resample is None and all(stage.__name__.removesuffix("_stage1").removesuffix("_stage2") in TOKEN_UNITS for stage in stages)
+        return self.resample is None and all(stage in TOKEN_ALLOCATORS for stage in stages)
 
     def stage1_budget(self, settings: AllocationSettings) -> int:
         if self.stage2 is None:
