@@ -90,6 +90,12 @@ PANELS: tuple[Panel, ...] = (
         unit_range=True,
     ),
     Panel(
+        "per_ktoken",
+        "What 1,000 generated tokens buy (rollout.budget_unit: tokens spends them)",
+        (("tree/mixed_leaves_per_ktoken", "leaves in mixed trees"), ("tree/mixed_prompts_per_ktoken", "mixed prompts")),
+        "per 1,000 generated tokens",
+    ),
+    Panel(
         "calibration",
         "Success predictor calibration (lower is better)",
         (
