@@ -141,6 +141,10 @@ def test_effective_ratio_counts_only_prompts_with_rollouts():
     assert metrics["tree/effective_per_candidate"] == pytest.approx(1 / 4)
     assert metrics["tree/leaves_per_prompt"] == pytest.approx(7 / 3)
     assert metrics["tree/leaves"] == 7
+    # every rollout writes 2 turns of 2 policy tokens (the third token is an observation): 28 tokens
+    assert metrics["tree/tokens_generated"] == 28
+    assert metrics["tree/mixed_leaves_per_ktoken"] == pytest.approx(2 / 0.028)  # a's 2 leaves
+    assert metrics["tree/mixed_prompts_per_ktoken"] == pytest.approx(1 / 0.028)  # a
 
 
 def test_anchor_mixed_ratio_and_branch_depth():
