@@ -271,6 +271,7 @@ def test_a_vllm_weight_push_writes_a_checkpoint_and_has_every_server_reload_it(t
 
     servers = [FakeServer(), FakeServer()]
     try:
+        (tmp_path / "weights" / "venv").mkdir(parents=True)  # someone else's folder in the weight_dir
         engine = OpenAIEngine([s.url for s in servers], model="m", weight_sync="vllm", weight_dir=tmp_path / "weights")
         assert engine.accepts_weights and engine.weight_version == 0
         model = small_llama()
@@ -283,7 +284,7 @@ def test_a_vllm_weight_push_writes_a_checkpoint_and_has_every_server_reload_it(t
                                       ("/reset_prefix_cache", {})]
         assert engine.weight_version == 3
         engine.update_weights(model, version=4)
-        assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v4"]  # one checkpoint kept
+        assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v4", "venv"]  # one checkpoint kept, nothing else touched
         servers[1].reset_succeeds = False
         with pytest.raises(EngineError, match="reset_prefix_cache did not reset"):
             engine.update_weights(model, version=5)

@@ -229,8 +229,9 @@ def _run_seed(cfg: BenchConfig, seed: int) -> _SeedResult:
             if row in costs:
                 costs[row].observe(trees)
             table = figures if reported else warmup
-            for name in FIGURES + TOKEN_FIGURES if row in table else ():
-                table[row].setdefault(name, []).append(metrics[f"tree/{name}"])
+            if row in table:  # a warm-up batch of a row without a predictor only teaches it its costs
+                for name in FIGURES + TOKEN_FIGURES:
+                    table[row].setdefault(name, []).append(metrics[f"tree/{name}"])
             if predictor is not None:
                 if reported:
                     for key, value in _calibration(trees).items():

@@ -147,7 +147,7 @@ def _solve(full: Sequence[np.ndarray], units: np.ndarray, capacity: int, *, dp_w
     """(counts, bound on the shortfall from the rounded problem's optimum: 0 when exact), with the
     budget then spent (`_spend`)."""
     tables = [_trimmed(t) for t in full]
-    work = sum(min(len(t), capacity // int(w) + 1) for t, w in zip(tables, units)) * (capacity + 1)
+    work = sum(len(t) for t in tables) * (capacity + 1)  # the tables end at what each item's cost affords
     if work <= dp_work:
         return _spend(_knapsack(tables, units, capacity), full, units, capacity), 0.0
     counts, bound = _lagrangian(tables, units, capacity)
@@ -185,9 +185,7 @@ def _spend(counts: np.ndarray, tables: Sequence[np.ndarray], units: np.ndarray, 
 def _trimmed(values: np.ndarray) -> np.ndarray:
     """A value table without its trailing entries that add nothing (saturated in float), which no
     optimum needs and which only cost work."""
-    finite = np.where(np.isfinite(values), values, -np.inf)
-    last = int(np.argmax(finite)) if finite.size else 0
-    return values[: last + 1]
+    return values[: int(np.argmax(values)) + 1]  # the first maximum; -inf entries are never it (entry 0 is 0)
 
 
 def _root_table(value: float, most: int, low: int) -> np.ndarray:
@@ -319,12 +317,10 @@ class TokenCosts:
     def continuation(self, trees: Sequence[RolloutTree], candidates: Sequence[tuple[int, int]]) -> np.ndarray:
         """Expected generated tokens of one continuation from each (tree, node) prefix: the mean below
         a node of its depth (the nearest shallower depth's when none was seen at it; `initial` before any),
-        scaled by its task's fresh cost over the mean fresh cost (1 for a task seen no more than others)."""
+        scaled by its task's fresh cost over the mean fresh cost (1 for a task never seen)."""
         fresh_mean = self.depth_mean(0)
-        tasks = {trees[index].task_id for index, _ in candidates}
-        ratio = {task: 1.0 for task in tasks}
-        if fresh_mean is not None:
-            ratio = dict(zip(tasks, self.fresh(list(tasks)) / fresh_mean))
+        tasks = sorted({trees[index].task_id for index, _ in candidates})
+        ratio = dict(zip(tasks, self.fresh(tasks) / fresh_mean)) if fresh_mean is not None else dict.fromkeys(tasks, 1.0)
         out = []
         for index, node in candidates:
             tree = trees[index]

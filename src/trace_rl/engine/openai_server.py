@@ -77,6 +77,8 @@ from .base import (
 
 MAX_TOKEN_ID = 2**31 - 1
 """Largest token id believed without a known vocabulary (vLLM's ids are int32)."""
+_PUSHED = re.compile(r"v\d+")
+"""The folder names `update_weights` writes its checkpoints under (`v<version>`)."""
 _MAX_ERROR_BYTES = 64 * 1024
 """How much of an error reply's body is read for its message."""
 
@@ -109,8 +111,8 @@ class OpenAIEngine:
         _save_checkpoint(model, folder)
         with ThreadPoolExecutor(max_workers=len(self.base_urls)) as pool:
             list(pool.map(lambda url: self._load_weights(url, folder), self.base_urls))
-        for old in self._weight_root().glob("v*"):
-            if old != folder:
+        for old in self._weight_root().iterdir():  # only the checkpoints this engine writes: a weight_dir may hold other things
+            if old != folder and old.is_dir() and _PUSHED.fullmatch(old.name):
                 shutil.rmtree(old, ignore_errors=True)
         self.weight_version = version
 
