@@ -21,6 +21,7 @@ import json
 import sys
 import time
 from collections import defaultdict
+from dataclasses import asdict
 
 import numpy as np
 
@@ -109,7 +110,7 @@ def main() -> None:
         "demo_success": round(stats["sft/demo_success"], 4),
         "build_seconds": round(build_seconds, 1),
         "eval_seconds": round(eval_seconds, 1),
-        "config": {"task": vars(config.task), "sft": vars(config.sft)},
+        "config": {"task": asdict(config.task), "sft": asdict(config.sft)},
     }
     print(json.dumps(result))
 

@@ -135,6 +135,7 @@ UNCONSTRAINED: dict[str, str] = {
     "train.update": "a Literal: every choice is a setting",
     "train.precision": "a Literal: every choice is a setting",
     "sft.precision": "a Literal: every choice is a setting",
+    "sft.packing": "both values are settings (false: the right-padded rows of the recipe before)",
     "predictor.guard": "both values are settings",
     "predictor.turn_features": "both values are settings",
     "rollout.stage2_objective": "a Literal: every choice is a setting",

@@ -1,6 +1,7 @@
 """The warm start: demonstrations and their thoughts, the loss mask, the copy-ready init, the cache."""
 
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from trace_rl.agent.tasks.multihop import RELATIONS, read_fact
 from trace_rl.models import TinyConfig, load_policy, token_logprobs
 from trace_rl.rollout import encode_prompt
 from trace_rl.run import RunConfig, build_env
+from trace_rl.train import sft
 from trace_rl.train.sft import (
     SFTConfig,
     copy_ready_init,
@@ -20,7 +22,10 @@ from trace_rl.train.sft import (
     episode_tokens,
     length_batches,
     masked_nll,
+    pack_sft_batch,
+    packed_nll,
     pad_sft_batch,
+    sft_cache_key,
     sft_stats,
     train_sft,
     warm_start,
@@ -116,6 +121,31 @@ def test_masked_nll_is_the_mean_over_masked_tokens_only(multihop, tmp_path):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
 
 
+def test_a_packed_batch_holds_the_shared_prefix_once_and_scores_the_same_tokens():
+    batch = [([1, 2, 3, 7, 8], [0, 0, 0, 1, 1]), ([1, 2, 3, 9], [0, 0, 1, 1]), ([1, 2, 5, 6], [0, 1, 0, 1])]
+    ids, positions, nodes, sources, targets = pack_sft_batch(batch)
+    assert ids[0].tolist() == [1, 2, 3, 7, 8, 3, 9, 5, 6]  # [1, 2] once, then each row's own tokens
+    assert positions[0].tolist() == [0, 1, 2, 3, 4, 2, 3, 2, 3]
+    assert nodes == [(0, 2, -1), (2, 5, 0), (5, 7, 0), (7, 9, 0)]
+    # row 1 scores its 3 from the shared 2 (index 1), row 2 its 2 from the shared 1 (index 0), its 6 from its 5
+    assert sources.tolist() == [2, 3, 1, 5, 0, 7] and targets.tolist() == [7, 8, 3, 9, 2, 6]
+    assert len(targets) == sum(sum(mask[1:]) for _, mask in batch)
+
+
+def test_packed_nll_equals_the_padded_loss_and_its_gradients(multihop, tmp_path):
+    taskset, env = multihop
+    policy = small_policy(taskset, tmp_path)
+    episodes = demonstrations(taskset, env, SFTConfig(demos=4), seed=0)
+    batch = [episode_tokens(policy.tokenizer, env, e) for e in episodes]
+    assert pack_sft_batch(batch)[2][0][1] > 50  # the system prompt is shared
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    padded = masked_nll(policy.model, *pad_sft_batch(batch))
+    packed = packed_nll(policy.model, pack_sft_batch(batch))
+    assert torch.allclose(packed, padded, atol=1e-5)
+    for a, b in zip(torch.autograd.grad(packed, params), torch.autograd.grad(padded, params)):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+
+
 def test_masked_nll_of_a_model_with_another_head_takes_the_full_forward(multihop, tmp_path):
     policy = small_policy(multihop[0], tmp_path)
     ids, attention, loss_mask = pad_sft_batch([([5, 9, 14, 7, 30, 2], [0, 0, 1, 1, 0, 1])])
@@ -163,6 +193,20 @@ def test_warm_start_is_trained_once_and_reused_until_its_recipe_changes(tmp_path
     other = warm_start("tiny", train, env, SFTConfig(demos=8, steps=3, batch_size=4, warmup_steps=1, seed=1), cache_dir=tmp_path)
     assert other != folder
     assert load_policy(folder).model.config.num_hidden_layers == TinyConfig().num_layers
+
+
+def test_padded_warm_starts_keep_the_cache_key_they_had_before_packing(tmp_path, monkeypatch):
+    """Caches made before `packing` existed were padded (and fp32): the key leaves those values out."""
+    train = load_taskset("multihop", split="train", num_tasks=40)
+    env = build_env(RunConfig(), train)
+    keyed = []
+    monkeypatch.setattr(sft, "sft_cache_key", lambda parts: keyed.append(parts["config"]) or sft_cache_key(parts))
+    config = SFTConfig(demos=8, steps=2, batch_size=4, warmup_steps=1)
+    packed = warm_start("tiny", train, env, config, cache_dir=tmp_path)
+    padded = warm_start("tiny", train, env, replace(config, packing=False), cache_dir=tmp_path)
+    assert packed != padded
+    assert keyed[0]["packing"] is True and "packing" not in keyed[1] and "precision" not in keyed[1]
+    assert sft_stats(packed)["sft/tokens"] < sft_stats(padded)["sft/tokens"]  # the shared prompt once, no padding
 
 
 def test_a_bf16_warm_start_trains_fp32_weights_and_lowers_the_loss(multihop, tmp_path):

@@ -498,10 +498,3 @@ def _autocast_dtype(precision: str, model: Any) -> torch.dtype | None:
     if precision == "bf16" or (precision == "auto" and next(model.parameters()).device.type == "cuda"):
         return torch.bfloat16
     return None
-    device = next(model.parameters()).device
-    native = device.type == "cuda" or getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)() or getattr(
-        torch.cpu, "_is_amx_tile_supported", lambda: False
-    )()
-    if precision == "bf16" or native:
-        return torch.bfloat16
-    return None
