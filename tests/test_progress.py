@@ -17,3 +17,18 @@ def test_progress_off_a_terminal_is_plain_lines_with_rate_and_eta():
     lines = log.getvalue().splitlines()
     assert len(lines) == 4 and lines[0].startswith("warm start: 1/4 ") and "/s" in lines[0] and "eta" in lines[0]
     assert lines[-1].startswith("warm start: 4/4 ") and " done " in lines[-1] and "loss=0.25" in lines[-1]
+
+
+def test_a_log_line_right_after_a_task_starts_states_no_rate_or_eta():
+    import io
+
+    from rich.progress import Progress
+
+    from trace_rl.progress import Bars
+
+    log = io.StringIO()
+    with Progress(disable=True) as progress:
+        bars = Bars(progress, log=log, log_every_s=0.0)
+        task = bars.task("warm start", total=1200)
+        bars.update(task, 1, {"loss": 7.35})
+    assert log.getvalue().startswith("warm start: 1/1200  ?/s  elapsed 0:00  eta ?  loss=7.35")

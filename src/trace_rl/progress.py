@@ -17,6 +17,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 
+MIN_ELAPSED_S = 1.0
+"""A log line states a rate and a time left only once its task has run this long."""
+
+
 class Bars:
     """A thin wrapper so callers pass plain dicts of metrics."""
 
@@ -44,10 +48,12 @@ class Bars:
             return
         state["printed"] = now
         elapsed = now - state["start"]
-        rate = (completed - state["first"]) / elapsed if elapsed > 0 else 0.0
+        # under MIN_ELAPSED_S the rate is mostly timer noise (the first step of a task: 22,600/s, eta 0:00)
+        rate = (completed - state["first"]) / elapsed if elapsed >= MIN_ELAPSED_S else 0.0
         left = (state["total"] - completed) / rate if rate > 0 else float("nan")
         eta = "done" if done else ("eta ?" if left != left else f"eta {_clock(left)}")
-        line = f"{state['name']}: {completed}/{state['total']}  {rate:.3g}/s  elapsed {_clock(elapsed)}  {eta}  {text}".rstrip()
+        speed = f"{rate:.3g}/s" if rate > 0 else "?/s"
+        line = f"{state['name']}: {completed}/{state['total']}  {speed}  elapsed {_clock(elapsed)}  {eta}  {text}".rstrip()
         self.log.write(line + "\n")
         self.log.flush()
 
