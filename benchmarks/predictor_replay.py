@@ -10,7 +10,8 @@ does, and its `predictor/loss` (before) and `predictor/loss_after` are kept.
 
 Rows (all learn from the same trees):
 
-- `shared`: `HashedNgramPredictor(PredictorConfig(**overrides))`, the default unless `--set` changes it;
+- `shared`: `build_predictor("shared", PredictorConfig(**overrides))`, as training builds it: the default
+  unless `--set` changes it (`--set guard=true` wraps it in the `GuardedPredictor`);
 - `shared_previous`: the `HashedNgramPredictor` of commit `--previous` (default: the last one before
   the real-tree fix), loaded from git with its own defaults; left out when git cannot show it;
 - `running_mean`: a constant, the mean of every outcome of the steps before (0.5 at the first);
@@ -60,6 +61,7 @@ from trace_rl.bench import BenchConfig, run_batch
 from trace_rl.predictor import (
     HashedNgramPredictor,
     PredictorConfig,
+    build_predictor,
     PromptHistoryPredictor,
     backup_targets,
     brier_score,
@@ -116,7 +118,7 @@ def previous_predictor_class(rev: str) -> type | None:
 
 
 def make_rows(config: PredictorConfig, previous: type | None, previous_config: dict[str, Any], seed: int) -> dict[str, Any]:
-    rows: dict[str, Any] = {"shared": HashedNgramPredictor(config, seed=seed)}
+    rows: dict[str, Any] = {"shared": build_predictor("shared", config, seed=seed)}  # as training builds it (`guard`)
     if previous is not None:
         module = sys.modules[previous.__module__]
         known = {f.name for f in dataclasses.fields(module.PredictorConfig)}
