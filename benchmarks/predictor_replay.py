@@ -61,10 +61,10 @@ from trace_rl.bench import BenchConfig, run_batch
 from trace_rl.predictor import (
     HashedNgramPredictor,
     PredictorConfig,
-    build_predictor,
     PromptHistoryPredictor,
     backup_targets,
     brier_score,
+    build_predictor,
     expected_calibration_error,
 )
 from trace_rl.sim import LatentTreeSimulator

@@ -5,8 +5,8 @@
     python benchmarks/warm_start_speed.py sft.demos=1000  # run-config overrides, key=value
 
 Each variant trains the `tiny` policy from the same copy-ready init on the same batches of the run's
-real demonstrations (`trace_rl.train.sft`: `demonstrations`, `episode_tokens`, `length_batches`), the
-steps `train_sft` takes (masked loss, AdamW, gradient clipping), in its own process, so that its
+real demonstrations (`trace_rl.train.sft`: `sft_inputs`, `length_batches`), the steps `train_sft`
+takes (`batch_loss`, AdamW, gradient clipping), in its own process, so that its
 resident memory is its own. Variants: `padded` (`sft.packing=false`, the recipe before), `packed`
 (the default), and each under bf16 autocast. Timed: mean seconds per step after `--warmup`
 steps, tokens through the model per second, and the growth of peak resident memory over the timed
@@ -34,7 +34,6 @@ def run_variant(name: str, overrides: list[str], steps: int, warmup: int) -> dic
     import torch
 
     from trace_rl.config import load_config
-    from trace_rl.models import load_policy
     from trace_rl.run import RunConfig, build_env, task_splits
     from trace_rl.train import sft
 
@@ -42,11 +41,7 @@ def run_variant(name: str, overrides: list[str], steps: int, warmup: int) -> dic
     config = load_config(RunConfig, None, overrides)
     demos, _ = task_splits(config)
     env = build_env(config, demos)
-    episodes = sft.demonstrations(demos, env, config.sft, seed=config.sft.seed)
-    texts = [p.text for p in demos.corpus] + [t.question for t in demos.tasks] + [e.context for e in episodes[:200]]
-    policy = load_policy("tiny", seed=config.sft.seed, tokenizer_texts=texts)
-    sft.copy_ready_init(policy.model, seed=config.sft.seed)
-    sequences = [sft.episode_tokens(policy.tokenizer, env, e) for e in episodes]
+    policy, _, sequences = sft.sft_inputs("tiny", demos, env, config.sft)
     model = policy.model.train()
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count() or 1)
@@ -59,14 +54,7 @@ def run_variant(name: str, overrides: list[str], steps: int, warmup: int) -> dic
         batch = [sequences[i] for i in next(batches)]
         begin = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            if packing:
-                pack = sft.pack_sft_batch(batch)
-                loss = sft.packed_nll(model, pack)
-                size = pack[0].shape[1]
-            else:
-                ids, attention, loss_mask = sft.pad_sft_batch(batch)
-                loss = sft.masked_nll(model, ids, attention, loss_mask)
-                size = ids.numel()
+            loss, size = sft.batch_loss(model, batch, packed=packing)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -221,13 +221,7 @@ def warm_start(
     seed = config.seed
 
     start = time.perf_counter()
-    episodes = demonstrations(taskset, env, config, seed=seed)
-    texts = [p.text for p in taskset.corpus] + [t.question for t in taskset.tasks] + [e.context for e in episodes[:200]]
-    policy = load_policy(model, seed=seed, tokenizer_texts=texts if model == "tiny" else None, cache_dir=root)
-    if model == "tiny":
-        copy_ready_init(policy.model, seed=seed)
-    sequences = [episode_tokens(policy.tokenizer, env, e) for e in episodes]
-    sequences = [(ids[: config.max_seq_len], mask[: config.max_seq_len]) for ids, mask in sequences]
+    policy, episodes, sequences = sft_inputs(model, taskset, env, config, cache_dir=root)
     stats = train_sft(policy.model, sequences, config, seed=seed, progress=progress)
     stats.update(
         {
@@ -244,6 +238,19 @@ def warm_start(
         record = {"model": model, "seed": seed, "config": asdict(config), "stats": stats}
         (tmp / "trace_rl_sft.json").write_text(json.dumps(record, indent=1))
     return target
+
+
+def sft_inputs(model: str, taskset: TaskSet, env: ToolEnv, config: SFTConfig, *, cache_dir: Path | None = None) -> tuple[Any, list[Episode], Sequences]:
+    """What a warm start trains, before its first step: the starting policy (`tiny`: its tokenizer fitted
+    to the corpus, questions and demonstrations, then `copy_ready_init`), the demonstrations, and their
+    training sequences cut at `config.max_seq_len`."""
+    episodes = demonstrations(taskset, env, config, seed=config.seed)
+    texts = [p.text for p in taskset.corpus] + [t.question for t in taskset.tasks] + [e.context for e in episodes[:200]]
+    policy = load_policy(model, seed=config.seed, tokenizer_texts=texts if model == "tiny" else None, cache_dir=cache_dir)
+    if model == "tiny":
+        copy_ready_init(policy.model, seed=config.seed)
+    sequences = [episode_tokens(policy.tokenizer, env, e) for e in episodes]
+    return policy, episodes, [(ids[: config.max_seq_len], mask[: config.max_seq_len]) for ids, mask in sequences]
 
 
 def env_transcript(taskset: TaskSet, env: ToolEnv) -> str:
@@ -381,6 +388,17 @@ def packed_nll(model: Any, pack: Pack) -> torch.Tensor:
     return -logp.sum() / max(1, len(targets))
 
 
+def batch_loss(model: Any, batch: Sequences, *, packed: bool) -> tuple[torch.Tensor, int]:
+    """(masked loss of the batch, tokens through the model): one packed row (`packed_nll`) or
+    right-padded rows (`masked_nll`)."""
+    if packed:
+        pack = pack_sft_batch(batch)
+        return packed_nll(model, pack), int(pack[0].shape[1])
+    device = next(model.parameters()).device
+    ids, attention, loss_mask = pad_sft_batch(batch)
+    return masked_nll(model, ids.to(device), attention.to(device), loss_mask.to(device)), ids.numel()
+
+
 def train_sft(
     model: Any,
     sequences: Sequences,
@@ -412,16 +430,9 @@ def train_sft(
     torch.set_num_threads(os.cpu_count() or threads)
     try:
         for step in range(config.steps):
-            batch = [sequences[i] for i in next(batches)]
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16"):
-                if packed:
-                    pack = pack_sft_batch(batch)
-                    tokens += pack[0].shape[1]
-                    loss = packed_nll(model, pack)
-                else:
-                    ids, attention, loss_mask = pad_sft_batch(batch)
-                    tokens += ids.numel()
-                    loss = masked_nll(model, ids.to(device), attention.to(device), loss_mask.to(device))
+                loss, size = batch_loss(model, [sequences[i] for i in next(batches)], packed=packed)
+            tokens += size
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
