@@ -66,7 +66,7 @@ def decode_bound(config: RunConfig, batch: int = 64, prompt: int = 256, new: int
     generator = torch.Generator().manual_seed(0)
     prompts = torch.randint(10, vocab, (batch, prompt), generator=generator).tolist()
     params = SamplingParams(n=1, max_new_tokens=new, seed=0, ignore_eos=True)
-    from trace_rl.engine.hf import _reserve
+    from trace_rl.engine.hf import buffered_cache
 
     def ours() -> float:
         begin = time.perf_counter()
@@ -78,9 +78,8 @@ def decode_bound(config: RunConfig, batch: int = 64, prompt: int = 256, new: int
         ids, mask = torch.tensor(prompts), torch.ones(batch, prompt, dtype=torch.long)
         positions = torch.arange(prompt)[None].expand(batch, -1)
         begin = time.perf_counter()
-        cache = DynamicCache(config=model.config)
+        cache = buffered_cache(model.config, prompt + new)
         logits = engine._forward(ids, mask, positions, cache)
-        _reserve(cache, new)
         for step in range(new - 1):
             token = logits.argmax(-1, keepdim=True)
             mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=1)

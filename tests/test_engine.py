@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +91,25 @@ def test_shared_prefill_draws_the_same_samples_as_separate_prefills(policy: Poli
     for a, b in zip(shared, separate):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
     _assert_logprobs_match_teacher_forcing(policy, [prompt], [shared])
+
+
+def test_rows_that_finish_at_different_steps_get_what_they_get_alone(policy: Policy, engine: HFEngine) -> None:
+    """Finished rows stay in the batch until they are half of it, then leave it together
+    (`_COMPACT_AT`): neither may change what the rows still generating draw, nor what a finished
+    row returns."""
+    params = SamplingParams(n=6, max_new_tokens=16, seed=2, stop=("e",))
+    batched = engine.generate(PROMPTS, params)
+    lengths = {len(c.token_ids) for group in batched for c in group}
+    assert len(lengths) >= 4 and {c.finish_reason for group in batched for c in group} >= {"stop", "length"}
+    one_by_one = HFEngine.from_policy(policy, max_batch_size=1, prefix_cache_mb=0)
+    for prompt, group in zip(PROMPTS, batched):
+        # The same six samples (a prompt's n draws are its first n occurrences), each in its own batch.
+        single = [g[0] for g in one_by_one.generate([prompt] * 6, dataclasses.replace(params, n=1))]
+        assert [c.token_ids for c in single] == [c.token_ids for c in group]
+        assert [c.finish_reason for c in single] == [c.finish_reason for c in group]
+        for a, b in zip(single, group):
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    _assert_logprobs_match_teacher_forcing(policy, PROMPTS, batched)
 
 
 def test_small_batches_give_the_same_results(policy: Policy, engine: HFEngine) -> None:
