@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,6 +120,8 @@ PANELS: tuple[Panel, ...] = (
 )
 
 _LINESTYLES = ("-", "--", ":", "-.")
+_LEGEND_WIDTH = 20
+"""Characters a legend line holds in the figure's right margin (0.24 of 7.6 inches at font size 8)."""
 
 
 # ---------------------------------------------------------------- reading run folders
@@ -321,7 +324,8 @@ def _draw(panel: Panel, curves: dict[tuple[str, str], Curve], colors: dict[str, 
     handles = [Line2D([], [], color=colors[m], linewidth=2, label=m) for m in methods]
     used_keys = [(key, label) for key, label in panel.keys if any(k == key for _, k in curves)]
     if len(used_keys) > 1:
-        handles += [Line2D([], [], color="black", linestyle=styles[k], label=label) for k, label in used_keys]
+        # wrapped: the legend sits in the right margin, where a long label was cut off at the edge
+        handles += [Line2D([], [], color="black", linestyle=styles[k], label=textwrap.fill(label, _LEGEND_WIDTH)) for k, label in used_keys]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     title = panel.title
     if max_seeds > 1:
