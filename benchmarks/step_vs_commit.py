@@ -1,0 +1,107 @@
+"""Speed of a training step against an earlier commit's code, on the same config, in one run.
+
+    python benchmarks/step_vs_commit.py --base 145a511 --current-set sft.packing=false   # demo, 2 steps, 2 rounds
+    python benchmarks/step_vs_commit.py --base REV --steps 2 --rounds 3 [--config PATH] [key=value ...]
+
+`step_speed.py` compares two paths of today's code (the prefix cache and the packed update on and
+off); this compares today's code with the code of `--base` itself, which is what "faster than the
+code the issue measured" means. The base commit's `src/` and the config file are taken from git
+(`git archive`) into a temporary folder; each round runs both codes in fresh processes, one after the
+other (base first), each for `--steps` training steps from the same cached warm start, with
+`model.cpu_threads` threads and no evaluation, and keeps each step's time split. The two codes draw
+their samples differently (the sampler changed), so their trees differ: besides step times it prints
+generated tokens per second of generation, which does not depend on how many were drawn. Overrides
+apply to both sides (an older config schema may refuse a key today's accepts: `--current-set` is for
+today's side alone). Prints one JSON
+object; the ratios are of the means over rounds and steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+KEYS = ("timing_s/step", "timing_s/gen", "timing_s/update", "rollout/tokens_generated")
+
+_CHILD = """
+import json, sys, tempfile
+from pathlib import Path
+import torch
+from trace_rl.config import load_config
+from trace_rl.run import RunConfig, build_parts, build_trainer
+config = load_config(RunConfig, sys.argv[1], sys.argv[3:])
+torch.set_num_threads(config.model.cpu_threads)
+parts = build_parts(config)
+with tempfile.TemporaryDirectory() as folder:
+    trainer = build_trainer(config, parts, Path(folder))
+    rows = [trainer.train_step() for _ in range(int(sys.argv[2]))]
+print(json.dumps(rows))
+"""
+
+
+def run_steps(src: Path, config: Path, steps: int, overrides: list[str]) -> list[dict[str, float]]:
+    """`steps` training steps of `config` with the trace_rl package under `src`, in a fresh process."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(config), str(steps), *overrides], env=env, capture_output=True, text=True, check=True
+    )
+    return [{key: row[key] for key in KEYS} for row in json.loads(out.stdout.strip().splitlines()[-1])]
+
+
+def summary(rows: list[dict[str, float]]) -> dict[str, float]:
+    mean = {key.split("/")[-1]: sum(r[key] for r in rows) / len(rows) for key in KEYS}
+    mean["gen_tokens_per_s"] = sum(r["rollout/tokens_generated"] for r in rows) / sum(r["timing_s/gen"] for r in rows)
+    return {key: round(value, 3) for key, value in mean.items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", required=True, help="the earlier commit (any git revision)")
+    parser.add_argument("--config", default="configs/demo.yaml", help="config path inside the repository")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--current-set", action="append", default=[], metavar="KEY=VALUE",
+        help="an override for today's code only, e.g. sft.packing=false so that both sides start from the warm start the base made",
+    )
+    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides for both sides")
+    args = parser.parse_args(argv)
+    base = subprocess.run(["git", "rev-parse", args.base], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    overrides = [*args.overrides, "train.eval_every=0"]
+    with tempfile.TemporaryDirectory() as folder:
+        tree = Path(folder)
+        archive = subprocess.run(["git", "archive", base, "src", args.config], cwd=ROOT, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+        sides = {"base": (tree / "src", tree / args.config), "current": (ROOT / "src", ROOT / args.config)}
+        steps: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+        for _ in range(args.rounds):
+            for side, (src, config) in sides.items():
+                steps[side] += run_steps(src, config, args.steps, overrides + (args.current_set if side == "current" else []))
+    result = {
+        "bench": "step_vs_commit",
+        "base": base,
+        "config": args.config,
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "overrides": overrides,
+        "current_overrides": args.current_set,
+        **{side: {"mean": summary(rows), "steps": rows} for side, rows in steps.items()},
+    }
+    b, c = result["base"]["mean"], result["current"]["mean"]
+    result["ratios"] = {
+        "step": round(b["step"] / c["step"], 3),
+        "gen": round(b["gen"] / c["gen"], 3),
+        "update": round(b["update"] / c["update"], 3),
+        "gen_tokens_per_s": round(c["gen_tokens_per_s"] / b["gen_tokens_per_s"], 3),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
