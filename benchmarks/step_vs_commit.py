@@ -6,14 +6,14 @@
 `step_speed.py` compares two paths of today's code (the prefix cache and the packed update on and
 off); this compares today's code with the code of `--base` itself, which is what "faster than the
 code the issue measured" means. The base commit's `src/` and the config file are taken from git
-(`git archive`) into a temporary folder; each round runs both codes in fresh processes, one after the
-other (base first), each for `--steps` training steps from the same cached warm start, with
-`model.cpu_threads` threads and no evaluation, and keeps each step's time split. The two codes draw
-their samples differently (the sampler changed), so their trees differ: besides step times it prints
-generated tokens per second of generation, which does not depend on how many were drawn. Overrides
-apply to both sides (an older config schema may refuse a key today's accepts: `--current-set` is for
-today's side alone). Prints one JSON
-object; the ratios are of the means over rounds and steps.
+(`trace_rl.rundir.code_at`) into a temporary folder; each round runs both codes in fresh processes,
+one after the other (base first), each for `--steps` training steps from the same cached warm start,
+with `model.cpu_threads` threads and no evaluation, and keeps each step's time split. The two codes
+draw their samples differently (the sampler changed), so their trees differ: besides step times it
+prints generated tokens per second of generation, which does not depend on how many were drawn.
+Overrides apply to both sides (an older config schema may refuse a key today's accepts:
+`--current-set` is for today's side alone). Prints one JSON object; the ratios are of the means over
+rounds and steps.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from trace_rl.rundir import code_at
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ("timing_s/step", "timing_s/gen", "timing_s/update", "rollout/tokens_generated")
@@ -74,10 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     base = subprocess.run(["git", "rev-parse", args.base], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     overrides = [*args.overrides, "train.eval_every=0"]
-    with tempfile.TemporaryDirectory() as folder:
-        tree = Path(folder)
-        archive = subprocess.run(["git", "archive", base, "src", args.config], cwd=ROOT, capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    with code_at(base, ("src", args.config)) as tree:
         sides = {"base": (tree / "src", tree / args.config), "current": (ROOT / "src", ROOT / args.config)}
         steps: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
         for _ in range(args.rounds):

@@ -3,25 +3,34 @@ results section from those files.
 
     python scripts/results.py export runs/paper_main docs/results/paper_main --config configs/paper_main.yaml
     python scripts/results.py readme            # rewrites README.md between the results markers
+    python scripts/results.py reproduce docs/results/paper_main/trace/seed_0 --commit f6b809b --steps 2
 
 An exported folder holds what it takes to check or redo every number: the compare config and the
 command, `summary.json` / `summary.md` as `trace-rl compare` wrote them (recomputed from the copied
 runs), each run's `config.yaml`, `metrics.jsonl` and `code.json` at `<method>/seed_<k>/` (no checkpoints, no
 trees), and the plots. The README's tables are `trace_rl.compare.summary_table` of each
-`summary.json`, so a table can only say what the files say.
+`summary.json`, so a table can only say what the files say. `reproduce` reruns a run folder's first
+steps with the code it was made with and checks that they give the numbers it recorded.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+import yaml
 
 from trace_rl.compare import CompareConfig, summarise, summary_table
 from trace_rl.config import load_config
 from trace_rl.report.plots import plot_path
+from trace_rl.rundir import code_at, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- results:begin (scripts/results.py readme) -->", "<!-- results:end -->"
@@ -79,6 +88,53 @@ def write_readme(readme: Path, results: Path, repo: Path = REPO) -> None:
     readme.write_text(head + readme_section(results, repo) + tail)
 
 
+WALL_CLOCK = "timing_s/"
+"""Keys under this prefix are wall-clock times, never the same twice; `reproduce` leaves them out."""
+
+
+def reproduce(run: Path, steps: int, commit: str | None = None) -> dict:
+    """Rerun the first `steps` training steps of the run folder `run` with its own config and the code
+    it was made with (`commit`, default its `code.json`), in a temporary folder, and compare every
+    numeric metric of each step with what the run recorded (wall-clock times left out). On CPU the same
+    code, config and seed give the same numbers, so `reproduced` means every value is equal (up to
+    1e-9, the JSON round trip). The rerun skips evaluation, which draws from the run's random state,
+    so only steps before the run's first evaluation can be compared."""
+    recorded = {int(r["step"]): r for r in read_metrics(run / "metrics.jsonl")}
+    if commit is None:
+        code = run / "code.json"
+        if not code.is_file():
+            raise ValueError(f"{run} has no code.json: name the commit it was made with (--commit)")
+        commit = json.loads(code.read_text())["commit"]
+        if not commit:
+            raise ValueError(f"{code} records no commit (the run was made outside a git checkout): pass --commit")
+    eval_every = int((yaml.safe_load((run / "config.yaml").read_text()).get("train") or {}).get("eval_every", 0) or 0)
+    if eval_every and steps >= eval_every:
+        raise ValueError(f"steps must be below the run's first evaluation (train.eval_every = {eval_every}), got {steps}")
+    missing = [step for step in range(1, steps + 1) if step not in recorded]
+    if missing:
+        raise ValueError(f"{run} recorded no step {missing[0]}")
+    with code_at(commit) as tree, tempfile.TemporaryDirectory() as out:
+        command = [sys.executable, "-m", "trace_rl", "train", "--config", str(run / "config.yaml"), "--out", f"{out}/run",
+                   f"train.steps={steps}", "train.eval_every=0"]
+        subprocess.run(command, env={**os.environ, "PYTHONPATH": str(tree / "src")}, check=True, stdout=subprocess.DEVNULL)
+        rerun = {int(r["step"]): r for r in read_metrics(Path(out) / "run" / "metrics.jsonl")}
+    compared, mismatches = compare_steps(recorded, rerun, steps)
+    return {"run": str(run), "commit": commit, "steps": steps, "values_compared": compared, "mismatches": mismatches, "reproduced": not mismatches and compared > 0}
+
+
+def compare_steps(recorded: dict[int, dict], rerun: dict[int, dict], steps: int) -> tuple[int, list[dict]]:
+    """How many numeric values of steps 1..`steps` both hold (wall-clock times left out), and each that
+    differs beyond the JSON round trip: {step, key, recorded, rerun}."""
+    mismatches, compared = [], 0
+    for step in range(1, steps + 1):
+        for key, value in rerun[step].items():
+            if key.startswith(WALL_CLOCK) or isinstance(value, bool) or not isinstance(value, (int, float)) or key not in recorded[step]:
+                continue
+            compared += 1
+            if not math.isclose(value, recorded[step][key], rel_tol=1e-9, abs_tol=1e-12):
+                mismatches.append({"step": step, "key": key, "recorded": recorded[step][key], "rerun": value})
+    return compared, mismatches
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -89,7 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     readme = commands.add_parser("readme", help="rewrite README.md's results section from docs/results/")
     readme.add_argument("--results", type=Path, default=REPO / "docs" / "results")
     readme.add_argument("--readme", type=Path, default=REPO / "README.md")
+    again = commands.add_parser("reproduce", help="rerun a run folder's first steps with its own code and compare their metrics")
+    again.add_argument("run_dir", type=Path)
+    again.add_argument("--steps", type=int, default=2)
+    again.add_argument("--commit", help="the commit the run was made with (default: its code.json)")
     args = parser.parse_args(argv)
+    if args.command == "reproduce":
+        result = reproduce(args.run_dir, args.steps, args.commit)
+        print(json.dumps(result))
+        return 0 if result["reproduced"] else 1
     if args.command == "export":
         summary = export(args.run_dir, args.dest, args.config)
         print(summary_table(summary), file=sys.stderr)

@@ -36,10 +36,12 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import warnings
 import zipfile
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -429,3 +431,18 @@ def code_version() -> dict[str, str | None]:
     except (OSError, subprocess.SubprocessError):
         return {"trace_rl": package, "commit": None}
     return {"trace_rl": package, "commit": commit + ("+dirty" if dirty else "")}
+
+
+@contextmanager
+def code_at(commit: str, paths: Sequence[str] = ("src",), *, repo: str | Path | None = None) -> Iterator[Path]:
+    """A temporary folder holding `paths` of the git repository `repo` (default: the one this package
+    lives in) as they were at `commit` (`git archive`), removed on exit: to run a run folder's own
+    code (`code.json`) or time an older commit beside today's. Put `<folder>/src` on PYTHONPATH."""
+    root = Path(repo) if repo is not None else Path(__file__).resolve().parents[2]
+    commit = commit.removesuffix("+dirty")
+    archive = subprocess.run(["git", "-C", str(root), "archive", commit, *paths], capture_output=True, check=False)
+    if archive.returncode:
+        raise ValueError(f"git cannot show {list(paths)} at {commit!r} in {root}: {archive.stderr.decode(errors='replace').strip()}")
+    with tempfile.TemporaryDirectory() as folder:
+        subprocess.run(["tar", "-x", "-C", folder], input=archive.stdout, check=True)
+        yield Path(folder)

@@ -1,0 +1,44 @@
+"""scripts/results.py reproduce: a run folder's first steps, rerun with its own code, give its numbers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from repo_files import load
+
+REPO = Path(__file__).resolve().parents[1]
+results = load("scripts/results.py")
+
+
+def test_compare_steps_names_every_value_that_differs_and_ignores_wall_clock_times() -> None:
+    recorded = {1: {"step": 1, "critic/score/mean": 0.25, "timing_s/gen": 3.0, "tree/leaves": 16, "only/recorded": 1.0}}
+    same = {1: {"step": 1, "critic/score/mean": 0.25, "timing_s/gen": 9.9, "tree/leaves": 16, "only/rerun": 2.0}}
+    assert results.compare_steps(recorded, same, 1) == (3, [])  # step, score, leaves: the times and one-sided keys are left out
+    changed = {1: {**same[1], "critic/score/mean": 0.25 + 1e-6}}
+    compared, mismatches = results.compare_steps(recorded, changed, 1)
+    assert compared == 3 and mismatches == [{"step": 1, "key": "critic/score/mean", "recorded": 0.25, "rerun": 0.25 + 1e-6}]
+
+
+def _clean_checkout() -> bool:
+    status = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no", "src"], capture_output=True, text=True, check=False)
+    return status.returncode == 0 and not status.stdout.strip()
+
+
+@pytest.mark.skipif(not _clean_checkout(), reason="src/ differs from HEAD: the run's code.json names a dirty tree git cannot check out")
+def test_reproduce_reruns_a_run_with_its_own_code_and_finds_its_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRACE_RL_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    command = [sys.executable, "-m", "trace_rl", "train", "--config", str(REPO / "configs" / "smoke.yaml"), "--out", str(run),
+               "train.steps=2", "train.eval_every=0", "rollout.budget=8", "prompts_per_step=2", "task.test_tasks=2"]
+    subprocess.run(command, env={**os.environ, "PYTHONPATH": str(REPO / "src")}, check=True, capture_output=True, timeout=900)
+    assert "+dirty" not in json.loads((run / "code.json").read_text())["commit"]
+    result = results.reproduce(run, steps=2)
+    assert result["reproduced"], result["mismatches"]
+    assert result["values_compared"] > 40
+    with pytest.raises(ValueError, match="recorded no step 3"):
+        results.reproduce(run, steps=3)
