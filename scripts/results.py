@@ -107,6 +107,8 @@ def reproduce(run: Path, steps: int, commit: str | None = None) -> dict:
         commit = json.loads(code.read_text())["commit"]
         if not commit:
             raise ValueError(f"{code} records no commit (the run was made outside a git checkout): pass --commit")
+        if commit.endswith("+dirty"):
+            raise ValueError(f"{code} says the run was made from uncommitted changes to {commit[:-6]}: git does not hold that code (pass --commit to try a commit anyway)")
     eval_every = int((yaml.safe_load((run / "config.yaml").read_text()).get("train") or {}).get("eval_every", 0) or 0)
     if eval_every and steps >= eval_every:
         raise ValueError(f"steps must be below the run's first evaluation (train.eval_every = {eval_every}), got {steps}")

@@ -42,3 +42,11 @@ def test_reproduce_reruns_a_run_with_its_own_code_and_finds_its_numbers(tmp_path
     assert result["values_compared"] > 40
     with pytest.raises(ValueError, match="recorded no step 3"):
         results.reproduce(run, steps=3)
+
+
+def test_reproduce_refuses_a_run_made_from_uncommitted_changes(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "critic/score/mean": 0.5}) + "\n")
+    (tmp_path / "config.yaml").write_text("train:\n  eval_every: 0\n")
+    (tmp_path / "code.json").write_text(json.dumps({"trace_rl": "0.1.0", "commit": "0123abc+dirty"}))
+    with pytest.raises(ValueError, match="uncommitted changes"):
+        results.reproduce(tmp_path, steps=1)

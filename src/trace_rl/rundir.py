@@ -439,7 +439,6 @@ def code_at(commit: str, paths: Sequence[str] = ("src",), *, repo: str | Path | 
     lives in) as they were at `commit` (`git archive`), removed on exit: to run a run folder's own
     code (`code.json`) or time an older commit beside today's. Put `<folder>/src` on PYTHONPATH."""
     root = Path(repo) if repo is not None else Path(__file__).resolve().parents[2]
-    commit = commit.removesuffix("+dirty")
     archive = subprocess.run(["git", "-C", str(root), "archive", commit, *paths], capture_output=True, check=False)
     if archive.returncode:
         raise ValueError(f"git cannot show {list(paths)} at {commit!r} in {root}: {archive.stderr.decode(errors='replace').strip()}")
