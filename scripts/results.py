@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
@@ -92,13 +93,15 @@ WALL_CLOCK = "timing_s/"
 """Keys under this prefix are wall-clock times, never the same twice; `reproduce` leaves them out."""
 
 
-def reproduce(run: Path, steps: int, commit: str | None = None) -> dict:
+def reproduce(run: Path, steps: int, commit: str | None = None, overrides: Sequence[str] = ()) -> dict:
     """Rerun the first `steps` training steps of the run folder `run` with its own config and the code
     it was made with (`commit`, default its `code.json`), in a temporary folder, and compare every
     numeric metric of each step with what the run recorded (wall-clock times left out). On CPU the same
     code, config and seed give the same numbers, so `reproduced` means every value is equal (up to
     1e-9, the JSON round trip). The rerun skips evaluation, which draws from the run's random state,
-    so only steps before the run's first evaluation can be compared."""
+    so only steps before the run's first evaluation can be compared. `overrides` (dotted key=value)
+    are for rerunning on later code: a config.yaml holds only the fields its code had, and a field
+    added since takes its default (e.g. `sft.packing=false` keeps an older run's warm start)."""
     recorded = {int(r["step"]): r for r in read_metrics(run / "metrics.jsonl")}
     if commit is None:
         code = run / "code.json"
@@ -117,11 +120,11 @@ def reproduce(run: Path, steps: int, commit: str | None = None) -> dict:
         raise ValueError(f"{run} recorded no step {missing[0]}")
     with code_at(commit) as tree, tempfile.TemporaryDirectory() as out:
         command = [sys.executable, "-m", "trace_rl", "train", "--config", str(run / "config.yaml"), "--out", f"{out}/run",
-                   f"train.steps={steps}", "train.eval_every=0"]
+                   f"train.steps={steps}", "train.eval_every=0", *overrides]
         subprocess.run(command, env={**os.environ, "PYTHONPATH": str(tree / "src")}, check=True, stdout=subprocess.DEVNULL)
         rerun = {int(r["step"]): r for r in read_metrics(Path(out) / "run" / "metrics.jsonl")}
     compared, mismatches = compare_steps(recorded, rerun, steps)
-    return {"run": str(run), "commit": commit, "steps": steps, "values_compared": compared, "mismatches": mismatches, "reproduced": not mismatches and compared > 0}
+    return {"run": str(run), "commit": commit, "overrides": list(overrides), "steps": steps, "values_compared": compared, "mismatches": mismatches, "reproduced": not mismatches and compared > 0}
 
 
 def compare_steps(recorded: dict[int, dict], rerun: dict[int, dict], steps: int) -> tuple[int, list[dict]]:
@@ -151,9 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     again.add_argument("run_dir", type=Path)
     again.add_argument("--steps", type=int, default=2)
     again.add_argument("--commit", help="the commit the run was made with (default: its code.json)")
+    again.add_argument("overrides", nargs="*", help="dotted key=value overrides, for fields the run's config predates")
     args = parser.parse_args(argv)
     if args.command == "reproduce":
-        result = reproduce(args.run_dir, args.steps, args.commit)
+        result = reproduce(args.run_dir, args.steps, args.commit, args.overrides)
         print(json.dumps(result))
         return 0 if result["reproduced"] else 1
     if args.command == "export":
