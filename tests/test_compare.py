@@ -77,7 +77,20 @@ def test_the_starting_policy_is_the_react_row_and_where_every_curve_starts(tmp_p
     assert summary["methods"]["grpo"]["accuracy_gain"] == pytest.approx(np.mean([0.01, -0.03]))
     # GRPO ends at 0.31, below the start's mean 0.32: every method "reaches" it before spending a rollout
     assert summary["methods"]["trace"]["rollouts_to_baseline_accuracy"] == 0.0
-    assert "| react (start, no RL) | 2 | — | — | 0.320 ± " in summary_table(summary)
+    table = summary_table(summary)
+    assert "| react (start, no RL) | 2 | — | — | 0.320 ± " in table
+    assert "grpo ends at 0.310, not above the start (0.320)" in table  # and so the 0 says nothing: the table says so
+
+
+def test_no_warning_under_the_table_when_the_baseline_ends_above_the_start(tmp_path):
+    from trace_rl.compare import write_start
+
+    config = _config(["grpo"], [0], steps=2)
+    write_start(config.run, tmp_path / "react" / "seed_0", {"val/accuracy_sampled": 0.30, "val/accuracy_sampled_se": 0.01})
+    _run(tmp_path / "grpo" / "seed_0", [0.32, 0.36])
+    summary = summarise(tmp_path, config)
+    assert summary["methods"]["grpo"]["rollouts_to_baseline_accuracy"] == 128.0
+    assert "not above the start" not in summary_table(summary)
 
 
 def test_without_a_start_evaluation_there_is_no_react_row(tmp_path):

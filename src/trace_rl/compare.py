@@ -398,6 +398,13 @@ def summary_table(summary: dict[str, Any]) -> str:
             f"| {_or_dash(se, '.3f')} | {f['rollouts']:.0f} "
             f"| {_or_dash(reach, '.0f')} | {_or_dash(tokens, '.0f')} | {_or_dash(brier, '.3f')} |"
         )
+    reached = summary["methods"].get(baseline, {}).get("final_accuracy", nan)
+    if start and reached <= start["final_accuracy"]:
+        lines.append(
+            f"\n{baseline} ends at {reached:.3f}, not above the start ({start['final_accuracy']:.3f}): every curve begins at the "
+            f"start, so every method reaches {baseline}'s final accuracy before spending a rollout, and the two columns "
+            "of what reaching it cost say nothing here."
+        )
     if summary.get("unfinished"):
         cut = "; ".join(f"{m} seed {seed} at step {steps}" for m, seeds in summary["unfinished"].items() for seed, steps in seeds.items())
         lines.append(f"\nNot yet counted (unfinished; the same compare command continues them): {cut}.")
