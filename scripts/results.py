@@ -41,7 +41,8 @@ def export(run_dir: Path, dest: Path, config_path: Path) -> dict:
     """Copy the comparison in `run_dir` (made with the compare config at `config_path`) to `dest`."""
     config = load_config(CompareConfig, config_path)
     dest.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(config_path, dest / "compare.yaml")
+    if not (dest / "compare.yaml").exists() or not (dest / "compare.yaml").samefile(config_path):  # re-exporting from the copy
+        shutil.copyfile(config_path, dest / "compare.yaml")
     command = f"trace-rl compare --config {config_path.as_posix()} --out {run_dir.as_posix()}"
     (dest / "command.txt").write_text(command + "\n")
     for run in sorted(run_dir.glob("*/seed_*")):
