@@ -50,3 +50,22 @@ def test_reproduce_refuses_a_run_made_from_uncommitted_changes(tmp_path: Path) -
     (tmp_path / "code.json").write_text(json.dumps({"trace_rl": "0.1.0", "commit": "0123abc+dirty"}))
     with pytest.raises(ValueError, match="uncommitted changes"):
         results.reproduce(tmp_path, steps=1)
+
+
+def test_export_again_from_the_results_folders_own_config(tmp_path: Path) -> None:
+    """Re-exporting a comparison that grew (a run finished) names the exported compare.yaml as its
+    config: copying it onto itself must not fail."""
+    from trace_rl.rundir import RunDir
+
+    runs, dest = tmp_path / "runs", tmp_path / "results"
+    for seed in (0, 1):
+        run = RunDir(runs / "grpo" / f"seed_{seed}")
+        for step in (1, 2):
+            run.append_metrics({"step": step, "tree/effective_ratio": 0.5, "tree/effective_per_candidate": 0.25, "tree/mixed_budget_share": 0.5,
+                                "rollout/rollouts_total": 8.0 * step, "rollout/tokens_total": 80.0 * step, "val/accuracy_sampled": 0.4 + seed / 10})
+    config = tmp_path / "compare.yaml"
+    config.write_text("# a two-seed comparison\nmethods: [grpo]\nseeds: [0, 1]\nrun:\n  train:\n    steps: 2\n")
+    results.export(runs, dest, config)
+    summary = results.export(runs, dest, dest / "compare.yaml")
+    assert summary["methods"]["grpo"]["seeds"] == 2
+    assert (dest / "compare.yaml").read_text() == config.read_text()
