@@ -32,3 +32,13 @@ def test_a_log_line_right_after_a_task_starts_states_no_rate_or_eta():
         task = bars.task("warm start", total=1200)
         bars.update(task, 1, {"loss": 7.35})
     assert log.getvalue().startswith("warm start: 1/1200  ?/s  elapsed 0:00  eta ?  loss=7.35")
+
+
+def test_a_progress_line_names_a_comparison_run_by_its_row_not_its_method() -> None:
+    from pathlib import Path
+
+    from trace_rl.run import run_label
+
+    # a variant of `trace` (tokens_paper's trace_tokens) read "seed_1 trace", like trace's own runs
+    assert run_label(Path("runs/tokens_paper/trace_tokens/seed_1"), "trace") == "trace_tokens seed_1"
+    assert run_label(Path("runs/demo"), "trace") == "demo trace"

@@ -231,6 +231,14 @@ def check_trainable(config: RunConfig) -> None:
             )
 
 
+def run_label(path: Path, method: str) -> str:
+    """What a progress line calls a run: a comparison's row and seed (`trace_tokens seed_1`: the row's
+    folder, which names a variant where the method would not), else the folder and its method."""
+    if path.name.startswith("seed_"):
+        return f"{path.parent.name} {path.name}"
+    return f"{path.name} {method}"
+
+
 def build_parts(config: RunConfig, *, progress: Callable[[int, float], None] | None = None) -> Parts:
     """Load the task splits, build the env, load (and warm-start) the policy, and wire the collector."""
     import torch
@@ -445,7 +453,7 @@ def train_run(
         trainer.restore(state)
     else:
         folder.rewind(0)
-    steps_bar = bar.task(f"{folder.path.name} {config.rollout.method}", total=config.train.steps, completed=trainer.step) if bar else None
+    steps_bar = bar.task(run_label(folder.path, config.rollout.method), total=config.train.steps, completed=trainer.step) if bar else None
 
     def on_step(step: int, metrics: dict[str, float]) -> None:
         if bar is not None:
