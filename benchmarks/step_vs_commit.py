@@ -6,53 +6,31 @@
 `step_speed.py` compares two paths of today's code (the prefix cache and the packed update on and
 off); this compares today's code with the code of `--base` itself, which is what "faster than the
 code the issue measured" means. The base commit's `src/` and the config file are taken from git
-(`trace_rl.rundir.code_at`) into a temporary folder; each round runs both codes in fresh processes,
-one after the other (base first), each for `--steps` training steps from the same cached warm start,
-with `model.cpu_threads` threads and no evaluation, and keeps each step's time split. The two codes
-draw their samples differently (the sampler changed), so their trees differ: besides step times it
-prints generated tokens per second of generation, which does not depend on how many were drawn.
-Overrides apply to both sides (an older config schema may refuse a key today's accepts:
-`--current-set` is for today's side alone). Prints one JSON object; the ratios are of the means over
-rounds and steps.
+(`trace_rl.rundir.code_at`) into a temporary folder; each round runs both codes in fresh `trace-rl
+train` processes (`train_with`), one after the other (base first), each for `--steps` training steps
+from the same cached warm start, with `model.cpu_threads` threads and no evaluation, and keeps each
+step's time split. The two codes draw their samples differently (the sampler changed), so their
+trees differ: besides step times it prints generated tokens per second of generation, which does not
+depend on how many were drawn. Overrides apply to both sides (an older config schema may refuse a
+key today's accepts: `--current-set` is for today's side alone). Prints one JSON object; the ratios
+are of the means over rounds and steps.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
-from trace_rl.rundir import code_at
+from trace_rl.rundir import code_at, train_with
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ("timing_s/step", "timing_s/gen", "timing_s/update", "rollout/tokens_generated")
 
-_CHILD = """
-import json, sys, tempfile
-from pathlib import Path
-import torch
-from trace_rl.config import load_config
-from trace_rl.run import RunConfig, build_parts, build_trainer
-config = load_config(RunConfig, sys.argv[1], sys.argv[3:])
-torch.set_num_threads(config.model.cpu_threads)
-parts = build_parts(config)
-with tempfile.TemporaryDirectory() as folder:
-    trainer = build_trainer(config, parts, Path(folder))
-    rows = [trainer.train_step() for _ in range(int(sys.argv[2]))]
-print(json.dumps(rows))
-"""
-
-
 def run_steps(src: Path, config: Path, steps: int, overrides: list[str]) -> list[dict[str, float]]:
     """`steps` training steps of `config` with the trace_rl package under `src`, in a fresh process."""
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    out = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(config), str(steps), *overrides], env=env, capture_output=True, text=True, check=True
-    )
-    return [{key: row[key] for key in KEYS} for row in json.loads(out.stdout.strip().splitlines()[-1])]
+    return [{key: row[key] for key in KEYS} for row in train_with(src, config, [f"train.steps={steps}", *overrides])]
 
 
 def summary(rows: list[dict[str, float]]) -> dict[str, float]:

@@ -18,11 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
-import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,7 +28,7 @@ import yaml
 from trace_rl.compare import CompareConfig, summarise, summary_table
 from trace_rl.config import load_config
 from trace_rl.report.plots import plot_path
-from trace_rl.rundir import code_at, read_metrics
+from trace_rl.rundir import code_at, read_metrics, train_with
 
 REPO = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- results:begin (scripts/results.py readme) -->", "<!-- results:end -->"
@@ -119,11 +116,9 @@ def reproduce(run: Path, steps: int, commit: str | None = None, overrides: Seque
     missing = [step for step in range(1, steps + 1) if step not in recorded]
     if missing:
         raise ValueError(f"{run} recorded no step {missing[0]}")
-    with code_at(commit) as tree, tempfile.TemporaryDirectory() as out:
-        command = [sys.executable, "-m", "trace_rl", "train", "--config", str(run / "config.yaml"), "--out", f"{out}/run",
-                   f"train.steps={steps}", "train.eval_every=0", *overrides]
-        subprocess.run(command, env={**os.environ, "PYTHONPATH": str(tree / "src")}, check=True, stdout=subprocess.DEVNULL)
-        rerun = {int(r["step"]): r for r in read_metrics(Path(out) / "run" / "metrics.jsonl")}
+    with code_at(commit) as tree:
+        records = train_with(tree / "src", run / "config.yaml", [f"train.steps={steps}", "train.eval_every=0", *overrides])
+    rerun = {int(r["step"]): r for r in records}
     compared, mismatches = compare_steps(recorded, rerun, steps)
     # Float rounding (another batch layout, another machine) moves values by ~1e-7; a real change by far more.
     worst = max((abs(m["rerun"] - m["recorded"]) / max(abs(m["recorded"]), 1e-12) for m in mismatches), default=0.0)

@@ -36,6 +36,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import warnings
 import zipfile
@@ -445,3 +446,13 @@ def code_at(commit: str, paths: Sequence[str] = ("src",), *, repo: str | Path | 
     with tempfile.TemporaryDirectory() as folder:
         subprocess.run(["tar", "-x", "-C", folder], input=archive.stdout, check=True)
         yield Path(folder)
+
+
+def train_with(src: str | Path, config: str | Path, overrides: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """`trace-rl train` of `config` (with dotted `overrides`) run by the trace_rl package under `src`
+    (a `code_at` folder's `src`, or today's) in a fresh process, into a temporary run folder; the
+    records of its `metrics.jsonl`. Its progress goes to this process's stderr."""
+    with tempfile.TemporaryDirectory() as out:
+        command = [sys.executable, "-m", "trace_rl", "train", "--config", str(config), "--out", f"{out}/run", *overrides]
+        subprocess.run(command, env={**os.environ, "PYTHONPATH": str(src)}, check=True, stdout=subprocess.DEVNULL)
+        return read_metrics(Path(out) / "run" / "metrics.jsonl")
