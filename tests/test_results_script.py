@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from repo_files import load
 
+from trace_rl.rundir import code_version
+
 REPO = Path(__file__).resolve().parents[1]
 results = load("scripts/results.py")
 
@@ -25,8 +27,9 @@ def test_compare_steps_names_every_value_that_differs_and_ignores_wall_clock_tim
 
 
 def _clean_checkout() -> bool:
-    status = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no", "src"], capture_output=True, text=True, check=False)
-    return status.returncode == 0 and not status.stdout.strip()
+    """Whether a run made now records a commit git holds (`code.json`, from `code_version`)."""
+    commit = code_version()["commit"]
+    return commit is not None and not commit.endswith("+dirty")
 
 
 @pytest.mark.skipif(not _clean_checkout(), reason="src/ differs from HEAD: the run's code.json names a dirty tree git cannot check out")
