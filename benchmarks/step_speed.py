@@ -6,7 +6,10 @@
 Both runs start from the same (warm-started) policy, seed and tasks, so their first step does the
 same work: `previous` re-prefills every turn's whole history (`model.prefix_cache_mb=0`) and runs
 every leaf's full path through the update (`train.update=per_leaf`, where the trainer has it);
-`current` is the default config. Prints one JSON object: per path the step's time split
+`current` is the config as it is. The previous path runs on `--previous-threads` (1: the demo's
+setting when the issue measured it); where the config uses more (`model.cpu_threads`), the current
+path is also timed on those (`current_previous_threads`, ratio `step_same_threads`), so the gain of
+the code and that of the cores read apart. Prints one JSON object: per path the step's time split
 (gen / env / update / predictor / alloc), generated tokens/s, prefill tokens against the prompt and
 observation tokens, update tokens/s, and the ratios; then the decode loop against a bare forward
 loop of the same model and batch (the hardware bound), with the FLOP bound beside it (2 × parameters
@@ -120,21 +123,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/demo.yaml")
     parser.add_argument("--steps", type=int, default=1, help="training steps timed per path (default 1)")
+    parser.add_argument("--previous-threads", type=int, default=1, help="torch threads of the previous path (default 1, the demo's before it used both cores)")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides for both paths")
     args = parser.parse_args(argv)
     base = [*args.overrides, "train.eval_every=0", "train.save_trees=false"]
     current = load_config(RunConfig, args.config, base)
-    previous_overrides = [*base, "model.prefix_cache_mb=0"]
+    previous_overrides = [*base, "model.prefix_cache_mb=0", f"model.cpu_threads={args.previous_threads}"]
     if "update" in {f.name for f in dataclasses.fields(current.train)}:
         previous_overrides.append("train.update=per_leaf")
     previous = load_config(RunConfig, args.config, previous_overrides)
-    torch.set_num_threads(current.model.cpu_threads)
-    result: dict[str, object] = {"bench": "step_speed", "config": args.config, "steps": args.steps, "threads": current.model.cpu_threads}
-    result["previous"] = run_path(previous, args.steps)
+    threads = current.model.cpu_threads
+    result: dict[str, object] = {"bench": "step_speed", "config": args.config, "steps": args.steps, "threads": threads, "previous_threads": args.previous_threads}
+    result["previous"] = run_path(previous, args.steps)  # build_parts sets each path's threads
     result["current"] = run_path(current, args.steps)
     p, c = result["previous"], result["current"]
+    same = {}
+    if threads != args.previous_threads:  # the code's own gain: today's path on the previous path's threads
+        result["current_previous_threads"] = run_path(load_config(RunConfig, args.config, [*base, f"model.cpu_threads={args.previous_threads}"]), args.steps)
+        same = {"step_same_threads": round(p["step"] / result["current_previous_threads"]["step"], 3)}
     result["ratios"] = {
         "step": round(p["step"] / c["step"], 3),
+        **same,
         "gen": round(p["gen"] / c["gen"], 3),
         "update": round(p["update"] / max(c["update"], 1e-9), 3),
         "prefill_tokens": round(p["tokens_prefill"] / max(c["tokens_prefill"], 1), 3),

@@ -314,9 +314,10 @@ class ModelConfig:
     """Memory the `hf` engine may keep for the KV caches of earlier turns and branches (0: none, every
     prompt is prefilled whole); emptied whenever the weights change."""
     cpu_threads: int = 1
-    """torch CPU threads. One is fastest for the tiny model (its ops are too small to split) and does
-    not collapse when other jobs share the cores, as busy-waiting worker threads do; raise it for
-    larger models on an idle machine."""
+    """torch CPU threads (decoding, update, evaluation; the warm start always uses every core). One does
+    not collapse when other jobs share the cores, as busy-waiting worker threads do (`compare` with
+    `workers` > 1); on an idle machine more are faster, even for the tiny model: on 2 cores, 2 threads
+    made the demo's step 1.6x faster than 1 (decoding 1.7x, the update 1.7x; `benchmarks/step_speed.py`)."""
 
     def __post_init__(self) -> None:
         if self.name == "tiny" and not self.warm_start:
