@@ -107,6 +107,7 @@ def main() -> None:
         "sft_seconds": round(stats["sft/total_seconds"], 1),
         "sft_train_seconds": round(stats["sft/seconds"], 1),
         "sft_final_loss": round(stats["sft/final_loss"], 4),
+        "sft_precision": json.loads((parts.policy.path / "trace_rl_sft.json").read_text())["config"]["precision"],  # `auto` resolved
         "demo_success": round(stats["sft/demo_success"], 4),
         "build_seconds": round(build_seconds, 1),
         "eval_seconds": round(eval_seconds, 1),

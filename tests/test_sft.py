@@ -1,5 +1,6 @@
 """The warm start: demonstrations and their thoughts, the loss mask, the copy-ready init, the cache."""
 
+import json
 import re
 from dataclasses import replace
 
@@ -201,12 +202,33 @@ def test_padded_warm_starts_keep_the_cache_key_they_had_before_packing(tmp_path,
     env = build_env(RunConfig(), train)
     keyed = []
     monkeypatch.setattr(sft, "sft_cache_key", lambda parts: keyed.append(parts["config"]) or sft_cache_key(parts))
-    config = SFTConfig(demos=8, steps=2, batch_size=4, warmup_steps=1)
+    config = SFTConfig(demos=8, steps=2, batch_size=4, warmup_steps=1, precision="fp32")
     packed = warm_start("tiny", train, env, config, cache_dir=tmp_path)
     padded = warm_start("tiny", train, env, replace(config, packing=False), cache_dir=tmp_path)
     assert packed != padded
     assert keyed[0]["packing"] is True and "packing" not in keyed[1] and "precision" not in keyed[1]
     assert sft_stats(packed)["sft/tokens"] < sft_stats(padded)["sft/tokens"]  # the shared prompt once, no padding
+
+
+@pytest.mark.parametrize(("avx512_bf16", "amx"), [(True, False), (False, False), (True, True)])
+def test_an_auto_precision_warm_start_is_bf16_only_where_it_was_measured_faster_and_shares_its_cache(tmp_path, monkeypatch, avx512_bf16, amx):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    native = avx512_bf16 and not amx
+    assert sft.resolved_precision("auto") == ("bf16" if native else "fp32")
+    assert sft.resolved_precision("fp32") == "fp32" and sft.resolved_precision("bf16") == "bf16"
+    train = load_taskset("multihop", split="train", num_tasks=40)
+    env = build_env(RunConfig(), train)
+    autocasts = []
+    real_autocast = torch.autocast
+    monkeypatch.setattr(torch, "autocast", lambda *a, enabled=True, **k: autocasts.append(enabled) or real_autocast(*a, enabled=enabled, **k))
+    config = SFTConfig(demos=8, steps=2, batch_size=4, warmup_steps=1, precision="auto")
+    folder = warm_start("tiny", train, env, config, cache_dir=tmp_path)
+    assert autocasts == [native, native]
+    assert json.loads((folder / "trace_rl_sft.json").read_text())["config"]["precision"] == ("bf16" if native else "fp32")
+    explicit = replace(config, precision="bf16" if native else "fp32")
+    assert warm_start("tiny", train, env, explicit, cache_dir=tmp_path) == folder  # the same cache, nothing trained
+    assert autocasts == [native, native]
 
 
 def test_a_bf16_warm_start_trains_fp32_weights_and_lowers_the_loss(multihop, tmp_path):

@@ -72,12 +72,16 @@ class SFTConfig:
     more, smaller attention calls), 1.13x faster over 100 steps of `benchmarks/warm_start_speed.py`
     (0.70 -> 0.62 s a step), 1.4x in a 200-step probe. `false`: right-padded rows (`masked_nll`), the
     recipe before."""
-    precision: Literal["fp32", "bf16"] = "fp32"
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     """`bf16`: the warm start's forward and backward under bf16 autocast (weights and optimiser stay
-    fp32). Not faster for the tiny policy, even on a CPU with AMX: over 100 steps of real batches
-    1.00x padded, 1.04x packed, while resident memory grew by 2.0-2.5 GB (oneDNN keeps a kernel for
-    every new matrix shape; `benchmarks/warm_start_speed.py`). A different policy: check its regime
-    (`benchmarks/warm_start_spread.py`) before a comparison relies on it."""
+    fp32); `auto` (`resolved_precision`): bf16 where it was measured faster, fp32 elsewhere. The cache
+    key and the record hold the resolved value, so `auto` shares its cache with the precision it
+    resolves to. Packed steps of the demo's warm start (`benchmarks/warm_start_speed.py`): 1.33x
+    faster in bf16 on an AMD EPYC with AVX512-BF16 (the whole warm start 6.2 instead of 9.9 minutes,
+    keeping its regime: 37.8% held-out success, greedy 67.2%; fp32: 41.1%, 67.2%), but 0.92x on a
+    Sapphire Rapids machine with AMX, and a CPU without AVX512-BF16 only emulates it. Its cost:
+    resident memory grows by 2-3 GB (oneDNN keeps a kernel for every new matrix shape). A different
+    policy: check its regime (`benchmarks/warm_start_spread.py`) before a comparison relies on it."""
     seed: int = 0
     """Seed of the warm start (demonstrations, tiny init, batches). Separate from the run's seed so
     that runs with different seeds start from one policy, as RL papers start every seed from one
@@ -91,7 +95,19 @@ class SFTConfig:
         check_range(self, "warmup_steps", ge=0)
         check_range(self, "weight_decay", ge=0)
         check_range(self, "seed", ge=0, le=MAX_SEED)
-        check_choice(self, "precision", ("fp32", "bf16"))
+        check_choice(self, "precision", ("auto", "fp32", "bf16"))
+
+
+def resolved_precision(precision: str) -> str:
+    """`fp32` or `bf16`: the warm start's precision on this machine (it trains on the CPU). `auto` is
+    bf16 on a CPU with AVX512-BF16 and without AMX (measured 1.33x faster), else fp32 (with AMX,
+    oneDNN's bf16 kernels for these small shapes were slower than fp32; without AVX512-BF16, bf16
+    is emulated)."""
+    if precision != "auto":
+        return precision
+    def has(name: str) -> bool:
+        return bool(getattr(torch.cpu, name, lambda: False)())
+    return "bf16" if has("_is_avx512_bf16_supported") and not has("_is_amx_tile_supported") else "fp32"
 
 
 # ---------------------------------------------------------------- demonstrations
@@ -203,6 +219,7 @@ def warm_start(
     in this process or another, returns at once. `progress(step, loss)` is called after every step.
     """
     root = Path(cache_dir) if cache_dir is not None else cache_root()
+    config = replace(config, precision=resolved_precision(config.precision))
     key = sft_cache_key(
         {
             "model": model,
@@ -421,6 +438,7 @@ def train_sft(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_scale)
     batches = length_batches([len(ids) for ids, _ in sequences], config.batch_size, np.random.default_rng(seed))
     packed = config.packing and supports_packed(model)
+    bf16 = resolved_precision(config.precision) == "bf16"
     model.train()
     losses, tokens = [], 0
     start = time.perf_counter()
@@ -430,7 +448,7 @@ def train_sft(
     torch.set_num_threads(os.cpu_count() or threads)
     try:
         for step in range(config.steps):
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16"):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                 loss, size = batch_loss(model, [sequences[i] for i in next(batches)], packed=packed)
             tokens += size
             optimizer.zero_grad(set_to_none=True)
