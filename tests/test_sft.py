@@ -170,6 +170,27 @@ def test_copy_ready_init_adds_an_orthogonal_identity_to_each_value_output_produc
         copy_ready_init(grouped, seed=0)
 
 
+def test_copy_ready_init_is_the_same_on_any_number_of_threads_and_leaves_the_count():
+    """A run's `model.cpu_threads` is set before its warm start and is not in the cache key: the tiny
+    policy's init (a QR per layer, which LAPACK rounds differently on 1 and 2 threads at this size) must
+    not depend on it."""
+    config = LlamaConfig(vocab_size=64, hidden_size=256, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+    threads = torch.get_num_threads()
+    weights = []
+    try:
+        for count in (1, 2):
+            torch.manual_seed(0)
+            model = LlamaForCausalLM(config)
+            torch.set_num_threads(count)
+            copy_ready_init(model, seed=0)
+            assert torch.get_num_threads() == count
+            weights.append([l.self_attn.v_proj.weight.clone() for l in model.model.layers])
+    finally:
+        torch.set_num_threads(threads)
+    for one, two in zip(*weights):
+        assert torch.equal(one, two)
+
+
 def test_length_batches_cover_every_sequence_once_per_epoch_in_batches_of_similar_length():
     rng = np.random.default_rng(0)
     lengths = rng.integers(100, 900, size=200)

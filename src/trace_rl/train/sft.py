@@ -300,14 +300,19 @@ def copy_ready_init(model: Any, *, seed: int) -> None:
     step 400. Only for freshly initialised models: a pretrained model already copies.
     """
     generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            value, output = layer.self_attn.v_proj.weight, layer.self_attn.o_proj.weight  # (inner, d), (d, inner)
-            if value.shape != output.T.shape:
-                raise ValueError(f"copy_ready_init needs as many key/value heads as query heads, got v_proj {tuple(value.shape)}")
-            basis, _ = torch.linalg.qr(torch.randn(output.shape[0], value.shape[0], generator=generator))  # (d, inner)
-            value += basis.T.to(value.dtype)
-            output += basis.to(output.dtype)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # LAPACK's QR rounds differently on more threads; the init must not depend on them
+    try:
+        with torch.no_grad():
+            for layer in model.model.layers:
+                value, output = layer.self_attn.v_proj.weight, layer.self_attn.o_proj.weight  # (inner, d), (d, inner)
+                if value.shape != output.T.shape:
+                    raise ValueError(f"copy_ready_init needs as many key/value heads as query heads, got v_proj {tuple(value.shape)}")
+                basis, _ = torch.linalg.qr(torch.randn(output.shape[0], value.shape[0], generator=generator))  # (d, inner)
+                value += basis.T.to(value.dtype)
+                output += basis.to(output.dtype)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def length_batches(lengths: Sequence[int], batch_size: int, rng: np.random.Generator) -> Iterator[list[int]]:
