@@ -19,6 +19,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -300,19 +301,26 @@ def copy_ready_init(model: Any, *, seed: int) -> None:
     step 400. Only for freshly initialised models: a pretrained model already copies.
     """
     generator = torch.Generator().manual_seed(seed)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # LAPACK's QR rounds differently on more threads; the init must not depend on them
+    # LAPACK's QR rounds differently on more threads; the init must not depend on them
+    with torch_threads(1), torch.no_grad():
+        for layer in model.model.layers:
+            value, output = layer.self_attn.v_proj.weight, layer.self_attn.o_proj.weight  # (inner, d), (d, inner)
+            if value.shape != output.T.shape:
+                raise ValueError(f"copy_ready_init needs as many key/value heads as query heads, got v_proj {tuple(value.shape)}")
+            basis, _ = torch.linalg.qr(torch.randn(output.shape[0], value.shape[0], generator=generator))  # (d, inner)
+            value += basis.T.to(value.dtype)
+            output += basis.to(output.dtype)
+
+
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """torch's CPU thread count set to `count` inside the block, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
     try:
-        with torch.no_grad():
-            for layer in model.model.layers:
-                value, output = layer.self_attn.v_proj.weight, layer.self_attn.o_proj.weight  # (inner, d), (d, inner)
-                if value.shape != output.T.shape:
-                    raise ValueError(f"copy_ready_init needs as many key/value heads as query heads, got v_proj {tuple(value.shape)}")
-                basis, _ = torch.linalg.qr(torch.randn(output.shape[0], value.shape[0], generator=generator))  # (d, inner)
-                value += basis.T.to(value.dtype)
-                output += basis.to(output.dtype)
+        yield
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
 
 
 def length_batches(lengths: Sequence[int], batch_size: int, rng: np.random.Generator) -> Iterator[list[int]]:
@@ -447,11 +455,9 @@ def train_sft(
     model.train()
     losses, tokens = [], 0
     start = time.perf_counter()
-    threads = torch.get_num_threads()
     # A training batch (~3k tokens) splits well over cores: on 2 cores, 2 threads train ~1.7x faster
     # than the 1 thread that suits decoding (`model.cpu_threads`).
-    torch.set_num_threads(os.cpu_count() or threads)
-    try:
+    with torch_threads(os.cpu_count() or torch.get_num_threads()):
         for step in range(config.steps):
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                 loss, size = batch_loss(model, [sequences[i] for i in next(batches)], packed=packed)
@@ -464,8 +470,6 @@ def train_sft(
             losses.append(loss.item())
             if progress is not None:
                 progress(step, losses[-1])
-    finally:
-        torch.set_num_threads(threads)
     model.eval()
     return {
         "sft/first_loss": losses[0],
