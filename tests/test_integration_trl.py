@@ -21,7 +21,7 @@ from trace_rl.advantage import get_estimator
 from trace_rl.agent.tasks import load_taskset
 from trace_rl.config import FieldError, load_config
 from trace_rl.engine.hf import HFEngine
-from trace_rl.integrations.trl import ADVANTAGES, REWARD, TraceGRPOTrainer, TraceRollout, grpo_config, tree_rows
+from trace_rl.integrations.trl import ADVANTAGES, REWARD, TraceGRPOTrainer, TraceRollout, grpo_config
 from trace_rl.models import TinyConfig, load_policy
 from trace_rl.rollout import TreeRolloutCollector
 from trace_rl.run import Parts, RunConfig, build_env, build_predictor
@@ -125,26 +125,6 @@ def trained_rows(loss_inputs):
         mask = (loss_inputs["tool_mask"][b, :n] * loss_inputs["completion_mask"][b, :n]).tolist()
         rows.append((tuple(prompt), tuple(completion), tuple(mask), tuple(loss_inputs["advantages"][b, :n].tolist())))
     return sorted(rows)
-
-
-def test_tree_rows_train_a_shared_prefix_in_the_first_row_only_and_mask_observations():
-    """Root [1, 2] -> P (policy 3, 4, observation 5) -> leaves A (6, reward 1) and B (7, 8, reward 0)."""
-    tree = RolloutTree.new("t", "q", [1, 2])
-    p = tree.add_turn(0, token_ids=[3, 4, 5], mask=[1, 1, 0], logprobs=[-0.1, -0.2, 0.0])
-    tree.add_turn(p, token_ids=[6], logprobs=[-0.3], reward=1.0)
-    tree.add_turn(p, token_ids=[7, 8], logprobs=[-0.4, -0.5], reward=0.0, starts_rollout=True)
-    rows = tree_rows([tree], get_estimator("trace")([tree]))
-    # V(P) = 0.5 = V(root): P's advantage is 0; the leaves contrast at P (sigma = 0.7071) and at the root
-    a = (0.5 / (np.sqrt(0.5) + 1e-6)) * 2
-    assert rows["prompt_ids"] == [[1, 2], [1, 2]]
-    assert rows["completion_ids"] == [[3, 4, 5, 6], [3, 4, 5, 7, 8]]
-    assert rows["logprobs"] == [[-0.1, -0.2, 0.0, -0.3], [-0.1, -0.2, 0.0, -0.4, -0.5]]
-    assert rows["env_mask"] == [[1, 1, 0, 1], [0, 0, 0, 1, 1]]  # P trained once, in A's row; its observation never
-    np.testing.assert_allclose(rows[ADVANTAGES][0], [0.0, 0.0, 0.0, a])
-    np.testing.assert_allclose(rows[ADVANTAGES][1], [0.0, 0.0, 0.0, -a, -a])
-    assert rows[REWARD] == [1.0, 0.0]
-    with pytest.raises(ValueError, match="TRL rows can train a node 0 or 1 times"):
-        tree_rows([tree], get_estimator("grpo")([tree]))  # grpo counts P once per leaf below it
 
 
 @pytest.mark.parametrize("engine_kind", ["hf", "scripted"])

@@ -92,6 +92,16 @@ def _tasks(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verl_data(args: argparse.Namespace) -> int:
+    from trace_rl.config import load_config
+    from trace_rl.integrations.verl.data import write_parquet
+    from trace_rl.run import RunConfig
+
+    paths = write_parquet(load_config(RunConfig, args.config, args.overrides), args.out)
+    print(json.dumps({name: str(path) for name, path in paths.items()}))
+    return 0
+
+
 def _rollout(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -265,6 +275,12 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("--out", required=True, help="where to write the trees (JSONL, one tree a line)")
     rollout.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. rollout.budget=64")
     rollout.set_defaults(func=_rollout)
+
+    verl_data = commands.add_parser("verl-data", help="write a run config's task splits as the parquet files verl's dataset reads")
+    verl_data.add_argument("--config", required=True, help="trace-rl run config (the one verl's +trace_rl.config names)")
+    verl_data.add_argument("--out", required=True, help="folder for train.parquet and test.parquet")
+    verl_data.add_argument("overrides", nargs="*", help="dotted key=value overrides, as verl's +trace_rl.overrides")
+    verl_data.set_defaults(func=_verl_data)
 
     train = commands.add_parser("train", help="train a policy (warm start, then RL with the configured method)")
     train.add_argument("--config", help="YAML run config (see configs/)")

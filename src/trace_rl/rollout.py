@@ -405,7 +405,7 @@ class RolloutRunner:
             by_count[request.count].append(request)
         for count, group in sorted(by_count.items()):
             contexts = [batch.context(r.tree, r.node) for r in group]
-            completions = self._generate(batch, contexts, count, call_seed(seed, START, count), temperature)
+            completions = self._generate(batch, contexts, [r.tree for r in group], count, call_seed(seed, START, count), temperature)
             for request, context, outs in zip(group, contexts, completions):
                 for out in outs:
                     env = self.env.spawn()
@@ -421,11 +421,11 @@ class RolloutRunner:
                 if not active:
                     break
                 turn_round += 1
-                outs = self._generate(batch, [r.context for r in active], 1, call_seed(seed, ROUND, turn_round), temperature)
+                outs = self._generate(batch, [r.context for r in active], [r.tree for r in active], 1, call_seed(seed, ROUND, turn_round), temperature)
                 pending = [(r, o[0]) for r, o in zip(active, outs)]
 
     def _generate(
-        self, batch: Batch, contexts: list[list[int]], n: int, seed: int, temperature: float | None = None
+        self, batch: Batch, contexts: list[list[int]], trees: list[int], n: int, seed: int, temperature: float | None = None
     ) -> list[list[Completion]]:
         cfg = self.config
         params = SamplingParams(
@@ -437,7 +437,10 @@ class RolloutRunner:
             seed=seed,
         )
         begin = time.perf_counter()
-        outs = self.engine.generate(contexts, params)
+        if getattr(self.engine, "routes_by_key", False):  # a tree's calls go to one server (its prefix cache)
+            outs = self.engine.generate(contexts, params, route_keys=[batch.trees[t].task_id for t in trees])
+        else:
+            outs = self.engine.generate(contexts, params)
         batch.timings["timing_s/gen"] += time.perf_counter() - begin
         batch.tokens["prefill"] += sum(len(c) - group[0].cached_tokens for c, group in zip(contexts, outs))
         batch.tokens["generated"] += sum(len(o.token_ids) for group in outs for o in group)

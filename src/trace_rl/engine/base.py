@@ -104,6 +104,12 @@ class Engine(Protocol):
     `accepts_weights` says whether `update_weights` works: an engine that cannot receive new weights
     would keep sampling from the starting policy while the trainer trains another, so training refuses
     to start on it (rollouts and evaluation still work).
+
+    Optional: an engine in front of several servers sets `routes_by_key = True` and takes
+    `generate(..., route_keys=)`, one key per prompt, sending every prompt with one key to one server;
+    the collector then passes each rollout's tree (its task id), so a tree's turns and branches meet
+    the prefix cache that holds its trunk (a prompt-prefix hash would send every tree to one server,
+    as they all open with the same system prompt).
     """
 
     accepts_weights: bool

@@ -15,9 +15,9 @@ matching `engine.base`'s definition when `top_p == 1`. `scripts/vllm_cpu_server.
 At temperature 1 both modes agree.
 
 Routing: with several base URLs, every prompt goes to the server chosen by rendezvous hashing of
-a route key (by default its first `route_prefix_tokens` tokens, which all branches of one tree
-share), so a tree's continuations land on the server that already caches its prefix, and adding
-a server moves only the keys it wins.
+a route key, so a tree's continuations land on the server that already caches its prefix, and
+adding a server moves only the keys it wins. The collector passes each rollout's tree as the key
+(`routes_by_key`); called without keys, a prompt's key is its first `route_prefix_tokens` tokens.
 
 Seeds: vLLM seeds the j-th of n samples with `seed + j`; the r-th repeat of an identical prompt
 within one call gets `seed + r * n`, so repeats differ, as in the `hf` engine.
@@ -95,6 +95,8 @@ class OpenAIEngine:
 
     weight_version = 0
     """The version of the weights the servers last loaded (0: the ones they were started with)."""
+    routes_by_key = True
+    """`generate` takes `route_keys` (the collector passes each rollout's tree)."""
 
     @property
     def accepts_weights(self) -> bool:

@@ -11,18 +11,13 @@ fields, which it hands to the reward functions. `TraceRollout` is that function:
   tree's own prefixes (what no prefix can take goes back to its root, as in `trace_rl.plan`).
   Stage 1 *across* prompts (more rollouts where the predictor sees contrast, none for solved or
   hopeless prompts) is not expressible in TRL's fixed-`num_generations` shape: every prompt gets G.
-- **One row per leaf.** `prompt_ids` = the root's tokens; `completion_ids` = every token after them
-  on the leaf's path (policy turns and observations); `logprobs` = the behaviour log-probs (0 on
-  observations); `trace_reward` = the leaf's reward, which `leaf_reward` hands back to TRL.
+- **One row per leaf** (`trace_rl.integrations.rows.tree_rows`, shared with the verl adapter):
+  `prompt_ids` = the root's tokens, `completion_ids` = the rest of the leaf's path, `logprobs` = the
+  behaviour log-probs, `trace_reward` = the leaf's reward, which `leaf_reward` hands back to TRL.
 - **Tree advantages per token.** `trace_advantages` holds the tree advantages (the `trace`
-  estimator's, or the run's `TrainConfig.estimator` with its options) on the completion tokens,
-  mapped by `trace_rl.train.sequences.tree_sequences`: a node's policy tokens carry its advantage in
-  the row of the first leaf below it (the row that owns the node) and 0 in the other rows, which
-  repeat them as context only. `env_mask` is 1 exactly on the tokens a row trains, the policy tokens
-  of the nodes it owns: 0 on observations, and 0 on the copies of a shared prefix that another row
-  owns. So each node's tokens enter TRL's loss once, as in trace-rl's own update (the `trace`
-  estimator gives every node weight 1), not once per leaf below the node; an estimator that counts
-  a shared node once per leaf needs a per-token weight TRL's loss lacks, and `tree_rows` refuses it.
+  estimator's, or the run's `TrainConfig.estimator` with its options) on the tokens a row trains, and
+  `env_mask` is 1 exactly there (the rows module's `train_mask`): the policy tokens of the nodes the
+  row owns, so each node's tokens enter TRL's loss once, as in trace-rl's own update.
   `TraceGRPOTrainer` puts these (B, T) advantages in place of TRL's flat group advantages.
 
 The gradient against trace-rl's `Trainer` (with the GRPOConfig `grpo_config` makes):
@@ -60,19 +55,12 @@ from trl import GRPOConfig, GRPOTrainer
 from trace_rl.advantage import NodeAdvantages, advantage_metrics, get_estimator
 from trace_rl.agent.types import Task
 from trace_rl.config import FieldError
+from trace_rl.integrations.rows import ADVANTAGES, LEAF, REWARD, tree_rows
 from trace_rl.metrics import predictor_metrics, rollout_metrics
 from trace_rl.predictor.base import backup_targets
 from trace_rl.rollout import RolloutBatch, TreeRolloutCollector
 from trace_rl.run import Parts, RunConfig
-from trace_rl.train.sequences import tree_sequences
 from trace_rl.tree import RolloutTree
-
-ADVANTAGES = "trace_advantages"
-"""Extra row field: the tree advantage of every completion token (0 where the row does not train it)."""
-REWARD = "trace_reward"
-"""Extra row field: the reward of the row's leaf."""
-LEAF = "trace_leaf"
-"""Extra row field: the id of the row's leaf in its prompt's tree (`TraceRollout.last`)."""
 
 CHECKPOINTING = "activation_checkpointing" if "activation_checkpointing" in GRPOConfig.__dataclass_fields__ else "gradient_checkpointing"
 """Recent transformers 5 releases (5.24 here) call it `activation_checkpointing` and warn whenever the old
@@ -83,33 +71,6 @@ def leaf_reward(prompts: list[Any], completions: list[Any], trace_reward: list[f
     """TRL reward function: each row's leaf reward, as the env scored it during the rollout. (TRL
     passes every row field and its own helpers as keywords, hence `**kwargs`.)"""
     return [float(reward) for reward in trace_reward]
-
-
-def tree_rows(trees: Sequence[RolloutTree], advantages: Sequence[NodeAdvantages]) -> dict[str, list[Any]]:
-    """TRL rows of a batch: one per leaf, trees in order, leaves by id (see the module docstring).
-
-    Raises ValueError when the estimator counts a node other than 0 or 1 times (`grpo`, `treerl` and
-    `tree_grpo` count a shared node once per leaf below it): TRL's loss has no per-token weight, so a
-    node's tokens are trained once (in the row that owns it) or not at all.
-    """
-    sequences = {(s.tree, s.nodes[-1]): s for s in tree_sequences(trees, advantages)}
-    rows: dict[str, list[Any]] = {key: [] for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask", ADVANTAGES, REWARD, LEAF)}
-    for index, (tree, node_adv) in enumerate(zip(trees, advantages)):
-        if not np.isin(node_adv.weight, (0.0, 1.0)).all():
-            raise ValueError(f"tree {tree.task_id!r}: node weights {sorted(set(node_adv.weight.tolist()))}; TRL rows can train a node 0 or 1 times")
-        start = len(tree.root.token_ids)
-        for leaf in tree.leaves().tolist():
-            path = [tree.nodes[i] for i in tree.path(leaf)[1:]]
-            completion = [token for node in path for token in node.token_ids]
-            seq = sequences.get((index, leaf))  # None: the row trains nothing (every node owned elsewhere or untrained)
-            rows["prompt_ids"].append(list(tree.root.token_ids))
-            rows["completion_ids"].append(completion)
-            rows["logprobs"].append([logprob for node in path for logprob in node.logprobs])
-            rows["env_mask"].append([int(w > 0) for w in seq.weights[start:]] if seq else [0] * len(completion))
-            rows[ADVANTAGES].append(list(seq.advantages[start:]) if seq else [0.0] * len(completion))
-            rows[REWARD].append(float(tree.nodes[leaf].reward))
-            rows[LEAF].append(leaf)
-    return rows
 
 
 @dataclass
@@ -161,6 +122,7 @@ class TraceRollout:
             model.train(training)
         advantages = self.estimator(batch.trees)
         rows = tree_rows(batch.trees, advantages)
+        rows["env_mask"] = rows.pop("train_mask")  # TRL's name for the mask of the tokens a row trains
         metrics = {**batch.metrics(), **rollout_metrics(batch.trees), **predictor_metrics(batch.trees), **advantage_metrics(batch.trees, advantages)}
         histories, targets, weights = backup_targets(batch.trees)
         if histories:

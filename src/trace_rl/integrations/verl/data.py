@@ -1,0 +1,55 @@
+"""The parquet files verl's `RLHFDataset` reads, one row per trace-rl task of a run config's splits.
+
+`trace-rl verl-data --config configs/x.yaml --out data/x [key=value ...]` writes `train.parquet` (the RL train split, the tasks `TraceAgentLoopManager` trains on) and
+`test.parquet` (the held-out split). Each row holds verl's columns: `prompt` (the env's chat
+messages, which verl's dataset filters by length and shows in its logs; the manager renders the
+prompt itself), `data_source` (the task's source), `reward_model` (rule style, the canonical answer,
+for verl's logs: the env scores every leaf) and `extra_info` (`index`, and `trace_task`: the task id
+the manager looks up in the same config's task set).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trace_rl.integrations.verl.manager import TASK_KEY
+from trace_rl.run import RunConfig, build_env, load_tasks, task_splits
+
+
+def task_rows(config: RunConfig) -> dict[str, list[dict[str, Any]]]:
+    """{split: rows} for the run's RL train split and its test split."""
+    _, train = task_splits(config)
+    test = load_tasks(config.task, "test", config.task.test_tasks)
+    env = build_env(config, train)
+    splits = {}
+    for name, taskset in (("train", train), ("test", test)):
+        splits[name] = [
+            {
+                "data_source": task.source,
+                "prompt": env.messages(task),
+                "ability": config.task.name,
+                "reward_model": {"style": "rule", "ground_truth": task.answers[0] if task.answers else ""},
+                "extra_info": {"index": index, "split": name, TASK_KEY: task.task_id},
+            }
+            for index, task in enumerate(taskset.tasks)
+        ]
+    return splits
+
+
+def write_parquet(config: RunConfig, out: str | Path) -> dict[str, Path]:
+    """Write `train.parquet` and `test.parquet` into `out`; returns their paths (needs pyarrow:
+    verl's environment has it, or the `parquet` extra)."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise ImportError("writing parquet needs pyarrow: pip install -e '.[parquet]' (verl's environment has it)") from exc
+
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, rows in task_rows(config).items():
+        paths[name] = folder / f"{name}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), paths[name])
+    return paths

@@ -1,0 +1,49 @@
+"""`TracePPOTrainer`: verl's synchronous V1 trainer training the tree advantages the rows carry.
+
+Registered as trainer mode `trace` (`trainer.v1.trainer_mode=trace`). It is verl's `sync` trainer
+(colocated rollout, weights synced to the replicas after every step) with two steps replaced:
+
+- `_compute_advantage` reads each row's `trace_advantages` (written by `TraceAgentLoopManager`, one
+  value per response token, 0 where the row trains nothing) and stores them as verl's `advantages`
+  and `returns`, in place of the estimator `algorithm.adv_estimator` names, which sees only rewards,
+  the mask and `uid`, never the tree;
+- `_compute_reward_colocate` keeps the rows' `rm_scores`: each leaf's reward was scored by
+  trace-rl's env during the rollout.
+
+What verl's actor then does with them is its own PPO update: per-token clipped ratio on its
+recomputed old log-probs, `actor.loss_agg_mode=token-mean` over `response_mask` (the tokens each
+row trains, so a shared prefix counts once), KL as a loss term (`actor.use_kl_loss`). A KL penalty
+folded into the rewards (`algorithm.use_kl_in_reward`) would need the estimator that this trainer
+skips, so it is refused.
+"""
+
+from __future__ import annotations
+
+import transfer_queue as tq
+from tensordict import TensorDict
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+from trace_rl.config import ConfigError
+from trace_rl.integrations.rows import ADVANTAGES
+
+TRAINER_MODE = "trace"
+
+
+@register_trainer(TRAINER_MODE)
+class TracePPOTrainer(PPOTrainerSync):
+    """verl's `sync` trainer on TRACE's tree advantages (module docstring)."""
+
+    def __init__(self, config, *args, **kwargs):
+        if config.algorithm.get("use_kl_in_reward", False):
+            raise ConfigError("algorithm.use_kl_in_reward=True: trainer mode 'trace' trains the rows' tree advantages as they are; use actor_rollout_ref.actor.use_kl_loss for a KL term")
+        super().__init__(config, *args, **kwargs)
+
+    def _compute_advantage(self, batch, metrics):
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=[ADVANTAGES])
+        advantages = data[ADVANTAGES]
+        fields = TensorDict({"advantages": advantages, "returns": advantages.clone()}, batch_size=len(batch))
+        return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
+
+    def _compute_reward_colocate(self, batch, metrics=None):
+        return batch

@@ -1,0 +1,268 @@
+"""verl adapter (`trace_rl.integrations.verl`, extra `verl`, `make test-verl`), with verl's own classes:
+its `LLMServerClient` and sticky load balancer in front of rollout servers, its dataset and collate
+function over the parquet files `data.py` writes, TransferQueue, its sync replay buffer, and the
+`trace` trainer mode's advantage step. The servers are Ray actors with verl's replica `generate`
+signature over trace-rl engines (a real tiny model; a scripted menu where rewards must mix), since
+vLLM itself does not run in verl's environment on this CPU."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+verl = pytest.importorskip("verl")
+ray = pytest.importorskip("ray")
+tq = pytest.importorskip("transfer_queue")
+torch = pytest.importorskip("torch")
+
+import scripted_engine
+from omegaconf import OmegaConf
+from scripted_engine import KeyedScriptedEngine, coin_flip_answers, make_world
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+from verl.utils import tensordict_utils as tu
+from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+from verl.workers.rollout.llm_server import LLMServerClient
+from verl.workers.rollout.replica import TokenOutput
+from verl.workers.rollout.router import GlobalRequestLoadBalancer
+
+from trace_rl.advantage import get_estimator
+from trace_rl.config import ConfigError
+from trace_rl.engine.base import SamplingParams
+from trace_rl.engine.hf import HFEngine
+from trace_rl.integrations.rows import ADVANTAGES
+from trace_rl.integrations.verl.data import write_parquet
+from trace_rl.integrations.verl.engine import LLMServerEngine
+from trace_rl.integrations.verl.manager import NODES, TraceAgentLoopManager, put_rows
+from trace_rl.integrations.verl.trainer import TracePPOTrainer
+from trace_rl.models import TinyConfig, load_policy, token_logprobs
+from trace_rl.run import RunConfig
+from trace_rl.tree import RolloutTree
+
+pytestmark = pytest.mark.verl
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class EngineServer:
+    """A rollout server with verl's replica signature (`generate(prompt_ids, sampling_params,
+    request_id, ...) -> TokenOutput`, one sample per call, vLLM's sampling keys) over a trace-rl engine."""
+
+    def __init__(self, make_engine) -> None:
+        self.engine = make_engine()
+        self.prompts: list[tuple[int, ...]] = []
+
+    def generate(self, prompt_ids, sampling_params, request_id, image_data=None, video_data=None, **kwargs):
+        self.prompts.append(tuple(prompt_ids))
+        params = SamplingParams(
+            n=1,
+            temperature=sampling_params["temperature"],
+            top_p=sampling_params["top_p"],
+            max_new_tokens=sampling_params["max_tokens"],
+            stop=tuple(sampling_params.get("stop", ())),
+            seed=sampling_params.get("seed"),
+            ignore_eos=sampling_params.get("ignore_eos", False),
+        )
+        out = self.engine.generate([prompt_ids], params)[0][0]
+        return TokenOutput(token_ids=out.token_ids, log_probs=out.logprobs if sampling_params.get("logprobs") else None,
+                           stop_reason="completed", extra_fields={"global_steps": 0, "num_cached_tokens": out.cached_tokens})
+
+    def seen(self) -> list[tuple[int, ...]]:
+        return list(self.prompts)
+
+
+TINY = TinyConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, vocab_size=600)
+
+
+def tiny_engine(folder: str) -> HFEngine:
+    return HFEngine.from_policy(load_policy(folder))
+
+
+def scripted_coin_flips():
+    """Searches or answers, right or wrong, drawn on (seed, prompt): mixed groups are common."""
+    taskset, _, tokenizer, _ = make_world()
+    return KeyedScriptedEngine(tokenizer, menu_for=coin_flip_answers(taskset.tasks))
+
+
+def verl_client(*servers) -> LLMServerClient:
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "full_determinism": False}}})
+    balancer = ray.remote(GlobalRequestLoadBalancer).remote(servers={f"server{i}": s for i, s in enumerate(servers)})
+    return LLMServerClient(config, balancer)
+
+
+def verl_config(run_yaml: Path, *, train_batch_size: int = 4, n: int = 4, **trace) -> OmegaConf:
+    return OmegaConf.create({
+        "data": {"train_batch_size": train_batch_size},
+        "actor_rollout_ref": {"model": {"path": "unused"}, "rollout": {
+            "n": n, "temperature": 1.0, "full_determinism": False, "val_kwargs": {"n": 2, "temperature": 1.0}}},
+        "trace_rl": {"config": str(run_yaml), **trace},
+    })
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_and_transfer_queue():
+    """One Ray and one TransferQueue for the module; the actors cannot import the tests folder, so its
+    helpers travel to them by value."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.cloudpickle.register_pickle_by_value(scripted_engine)
+    ray.init(num_cpus=8, include_dashboard=False)  # logical CPUs: TransferQueue's controller and two storage units hold one each
+    tq.init()
+    yield
+    tq.close()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def world():
+    return make_world()
+
+
+@pytest.fixture(scope="module")
+def run_yaml(tmp_path_factory) -> Path:
+    """A trace-rl run config over make_world's 12 tasks: 4 prompts a step, 16 leaves (verl: 4 x n=4)."""
+    path = tmp_path_factory.mktemp("verl") / "run.yaml"
+    path.write_text(
+        "seed: 0\nprompts_per_step: 4\n"
+        "task: {name: multihop, train_tasks: 12, test_tasks: 4, max_turns: 4}\n"
+        "rollout: {method: trace, budget: 16, max_new_tokens: 48}\n"
+    )
+    return path
+
+
+def test_the_verl_plugins_entry_point_registers_trainer_mode_trace():
+    """verl imports every `verl.plugins` entry point when it is imported, so a fresh verl process
+    resolves `trainer.v1.trainer_mode=trace` without importing trace-rl itself; and the manager's
+    class path, as verl's config names it, loads."""
+    code = (
+        "import verl\nfrom verl.trainer.ppo.v1 import get_trainer_cls\nfrom verl.utils.import_utils import load_class_from_fqn\n"
+        "load_class_from_fqn('trace_rl.integrations.verl.manager.TraceAgentLoopManager', 'AgentLoopManager')\n"
+        "print(get_trainer_cls('trace').__qualname__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "TracePPOTrainer"
+
+
+def test_the_engine_over_verls_client_returns_teacher_forced_logprobs_and_repeats_with_its_seed(world, tmp_path):
+    taskset, env, _, _ = world
+    policy = load_policy("tiny", seed=0, tokenizer_texts=[p.text for p in taskset.corpus[:50]], tiny=TINY, cache_dir=tmp_path)
+    tokenizer = policy.tokenizer
+    folder = str(policy.path)
+    server = ray.remote(EngineServer).remote(lambda: tiny_engine(folder))
+    engine = LLMServerEngine(verl_client(server), tokenizer)
+    prompts = [tokenizer.encode("Question: who built the bridge?"), tokenizer.encode("Question: where is the river?")]
+    params = SamplingParams(n=3, temperature=1.0, max_new_tokens=12, stop=env.stop_strings(), seed=7)
+    first = engine.generate(prompts, params)
+    again = engine.generate(prompts, params)
+    assert [[c.token_ids for c in g] for g in first] == [[c.token_ids for c in g] for g in again]
+    assert len(first) == 2 and all(len(group) == 3 for group in first)
+    assert len({tuple(c.token_ids) for c in first[0]}) > 1  # the three samples of a prompt differ (seed + j)
+    for prompt, group in zip(prompts, first):
+        for c in group:
+            with torch.no_grad():
+                scored = token_logprobs(policy.model.eval(), torch.tensor([prompt + c.token_ids]))[0, len(prompt) - 1 :]
+            np.testing.assert_allclose(c.logprobs, scored.tolist(), atol=1e-5)
+            assert c.finish_reason in ("stop", "length", "eos") and (c.finish_reason != "stop" or c.text.endswith(c.stop_reason))
+
+
+def test_a_trees_calls_all_reach_one_server_through_verls_sticky_balancer(world):
+    """The route key (the collector passes the tree's task id) is verl's sticky-session id."""
+    taskset, env, tokenizer, _ = world
+    servers = [ray.remote(EngineServer).remote(scripted_coin_flips) for _ in range(2)]
+    engine = LLMServerEngine(verl_client(*servers), tokenizer)
+    prompts = [tokenizer.encode(task.question) for task in taskset.tasks[:6]]
+    trees = [task.task_id for task in taskset.tasks[:6]]
+    engine.generate(prompts, SamplingParams(n=4, max_new_tokens=16, stop=env.stop_strings(), seed=1), route_keys=trees)
+    later = [p + tokenizer.encode(" more") for p in prompts]  # a later turn of each tree
+    engine.generate(later, SamplingParams(n=2, max_new_tokens=16, seed=2), route_keys=trees)
+    seen = [ray.get(s.seen.remote()) for s in servers]
+    assert sum(len(s) for s in seen) == 6 * 4 + 6 * 2
+    for prompt in prompts:  # every call of a prompt and of its later turn went to one server
+        served = {i for i, calls in enumerate(seen) for call in calls if call[: len(prompt)] == tuple(prompt)}
+        assert len(served) == 1
+
+
+def test_the_manager_writes_one_row_per_leaf_with_its_own_reward_and_tree_advantages(world, run_yaml, tmp_path):
+    """verl's data path end to end: parquet -> RLHFDataset -> collate -> the manager -> TransferQueue
+    -> the sync replay buffer -> trainer mode trace's advantage step. Every row keeps its leaf's own
+    reward (mixed within a prompt's group, never the last leaf's copied) and its tree advantages."""
+    _, _, tokenizer, _ = world
+    server = ray.remote(EngineServer).remote(scripted_coin_flips)
+    config = verl_config(run_yaml, out=str(tmp_path / "trace_run"))
+    manager = TraceAgentLoopManager.create(config=config, llm_client=verl_client(server), tokenizer=tokenizer)
+
+    run = manager.run
+    paths = write_parquet(run, tmp_path / "data")
+    dataset = RLHFDataset(data_files=[str(paths["train"])], tokenizer=tokenizer,
+                          config=OmegaConf.create({"filter_overlong_prompts": False, "return_raw_chat": True}))
+    batch_dict = collate_fn([dataset[i] for i in range(4)])
+    batch_dict["uid"] = np.array([str(uuid.uuid4()) for _ in range(4)], dtype=object)
+    batch = tu.get_tensordict(batch_dict)
+    tu.assign_non_tensor_data(batch, "global_steps", 1)
+    tq.kv_batch_put(keys=list(batch["uid"]), partition_id="train", tags=[{"is_prompt": True, "status": "pending", "global_steps": 1}] * 4)
+
+    manager.generate_sequences(batch)
+
+    buffer = ReplayBuffer(trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop",
+                          sampler_kwargs={}, poll_interval=0.05)
+    meta, _ = buffer.sample(global_steps=1, partition_id="train", batch_size=4)
+    meta = TracePPOTrainer._compute_advantage(None, meta, {})
+    data = tq.kv_batch_get(keys=meta.keys, partition_id="train", select_fields=["rm_scores", "advantages", "response_mask", "responses", NODES, "uid"])
+
+    trees = manager.last_trees
+    assert len(meta.keys) == sum(t.leaves().size for t in trees) == run.rollout.budget
+    expected = get_estimator("trace")(trees)
+    by_uid = dict(zip(batch["uid"], range(4)))
+    rewards_by_prompt: dict[str, list[float]] = {}
+    trained = 0
+    for row, key in enumerate(meta.keys):
+        uid, leaf, _ = key.rsplit("_", 2)
+        tree, leaf = trees[by_uid[uid]], int(leaf)
+        scores = data["rm_scores"][row]
+        assert float(scores.sum()) == float(scores[-1]) == tree.nodes[leaf].reward
+        rewards_by_prompt.setdefault(uid, []).append(float(scores[-1]))
+        nodes = data[NODES][row].tolist()
+        mask = data["response_mask"][row]
+        adv = data["advantages"][row]
+        assert nodes == [n for n in tree.path(leaf)[1:] for _ in tree.nodes[n].token_ids]
+        node_adv = expected[by_uid[uid]].advantage
+        np.testing.assert_allclose(adv[mask.bool()].numpy(), node_adv[np.array(nodes)][mask.bool().numpy()], atol=1e-6)
+        assert float(adv[~mask.bool()].abs().sum()) == 0.0
+        trained += int(mask.sum())
+    assert trained == sum(sum(n.mask) for t in trees for n in t.nodes[1:])  # every policy token trained once
+    assert any(len(set(r)) > 1 for r in rewards_by_prompt.values())  # groups mix: rewards were not copied from one leaf
+    assert (tmp_path / "trace_run" / "metrics.jsonl").is_file() and (tmp_path / "trace_run" / "trees").is_dir()
+
+
+def test_put_rows_keeps_a_hand_worked_trees_rewards_and_advantages(tmp_path):
+    """Root [1, 2] -> P (3, 4 | observation 5) -> A (6, reward 1) and B (7, 8, reward 0): A's row
+    trains P and A, B's row only B; each row's score is its own leaf's."""
+    tree = RolloutTree.new("t", "q", [1, 2])
+    p = tree.add_turn(0, token_ids=[3, 4, 5], mask=[1, 1, 0], logprobs=[-0.1, -0.2, 0.0])
+    a = tree.add_turn(p, token_ids=[6], logprobs=[-0.3], reward=1.0)
+    b = tree.add_turn(p, token_ids=[7, 8], logprobs=[-0.4, -0.5], reward=0.0, starts_rollout=True)
+    uid = str(uuid.uuid4())
+    tq.kv_put(key=uid, partition_id="train", tag={"is_prompt": True, "status": "pending", "global_steps": 3})
+    keys = put_rows([tree], get_estimator("trace")([tree]), [uid], {"uid": [uid]}, partition="train", global_steps=3)
+    assert keys == [f"{uid}_{a}_0", f"{uid}_{b}_0"]
+    meta, _ = ReplayBuffer(trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop",
+                           sampler_kwargs={}, poll_interval=0.05).sample(global_steps=3, partition_id="train", batch_size=1)
+    meta = TracePPOTrainer._compute_advantage(None, meta, {})
+    data = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["rm_scores", "advantages", "response_mask", ADVANTAGES])
+    adv = (0.5 / (np.sqrt(0.5) + 1e-6)) * 2
+    np.testing.assert_allclose(data["rm_scores"][0].numpy(), [0, 0, 0, 1])
+    np.testing.assert_allclose(data["rm_scores"][1].numpy(), [0, 0, 0, 0, 0])
+    assert data["response_mask"][0].tolist() == [1, 1, 0, 1] and data["response_mask"][1].tolist() == [0, 0, 0, 1, 1]
+    np.testing.assert_allclose(data["advantages"][0].numpy(), [0, 0, 0, adv], atol=1e-6)
+    np.testing.assert_allclose(data["advantages"][1].numpy(), [0, 0, 0, -adv, -adv], atol=1e-6)
+
+
+def test_the_manager_refuses_a_budget_other_than_verls_rows(run_yaml, world):
+    with pytest.raises(ConfigError, match="rollout.budget=16"):
+        TraceAgentLoopManager(verl_config(run_yaml, n=8), llm_client=None, tokenizer=world[2])
+    with pytest.raises(ConfigError, match="trace_rl.config is not set"):
+        TraceAgentLoopManager(OmegaConf.create({"data": {}}), llm_client=None, tokenizer=world[2])
