@@ -266,3 +266,26 @@ def test_the_manager_refuses_a_budget_other_than_verls_rows(run_yaml, world):
         TraceAgentLoopManager(verl_config(run_yaml, n=8), llm_client=None, tokenizer=world[2])
     with pytest.raises(ConfigError, match="trace_rl.config is not set"):
         TraceAgentLoopManager(OmegaConf.create({"data": {}}), llm_client=None, tokenizer=world[2])
+
+
+def test_the_gpu_recipe_composes_into_verls_config_and_agrees_with_its_trace_rl_config():
+    """examples/verl_trace.sh's overrides are keys verl's config has (or adds with +), its rollout
+    section still builds verl's dataclass, and the trace-rl config's budget is verl's rows a step."""
+    from hydra import compose, initialize_config_dir
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from trace_rl.config import load_config
+    from trace_rl.integrations.verl.manager import check_verl_config
+
+    lines = (REPO / "configs/gpu/verl_qwen3_8b.overrides").read_text().splitlines()
+    overrides = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+    recipe = REPO / "configs/gpu/qwen3_8b_search.yaml"
+    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+        config = compose(config_name="ppo_trainer", overrides=[*overrides, "data.train_files=t.parquet", "data.val_files=v.parquet",
+                                                              f"+trace_rl.config={recipe}", "+trace_rl.overrides=['task.name=multihop']"])
+    run = load_config(RunConfig, recipe, ["task.name=multihop"])  # the recipe's file: task needs Search-R1's data
+    check_verl_config(config, run)
+    assert config.trainer.use_v1 and config.trainer.v1.trainer_mode == "trace"
+    rollout = omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
+    assert rollout.agent.agent_loop_manager_class == "trace_rl.integrations.verl.manager.TraceAgentLoopManager"
+    assert config.actor_rollout_ref.actor.loss_agg_mode == "token-mean"  # each node's tokens once

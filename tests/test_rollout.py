@@ -291,3 +291,40 @@ def test_sample_keeps_at_most_a_wave_of_rollouts_in_flight_and_returns_one_tree_
     assert [t.task_id for t in trees] == [t.task_id for t in taskset.tasks[:7]]
     assert all(t.leaves().size == 3 and t.root.budget == 3 for t in trees)
     assert max(prompts * n for prompts, n in engine.calls) <= 6  # two tasks x 3 samples per wave
+
+
+class RoutedEngine(KeyedScriptedEngine):
+    """Records the route key the collector gives each prompt, and what the prompt was."""
+
+    routes_by_key = True
+
+    def __init__(self, tokenizer, turns) -> None:
+        super().__init__(tokenizer, turns)
+        self.routed: list[tuple[str, tuple[int, ...]]] = []
+
+    def generate(self, prompts, params, *, route_keys=None):
+        assert route_keys is not None and len(route_keys) == len(prompts)
+        self.routed += [(key, tuple(prompt)) for key, prompt in zip(route_keys, prompts)]
+        return super().generate(prompts, params)
+
+
+def test_an_engine_that_routes_gets_each_rollouts_tree_as_its_route_key(world):
+    """Every call of a tree (its first turns, later turns and Stage-2 branches) carries the tree's
+    task id, so an engine in front of several servers keeps the tree on one; the trees are the ones
+    an engine without routing grows."""
+    taskset, env, tokenizer, turns = world
+    engine = RoutedEngine(tokenizer, turns)
+    config = RolloutConfig(method="trace", budget=24, max_new_tokens=32)
+    routed = TreeRolloutCollector(engine, tokenizer, env, FixedValues(), config, seed=3).collect(taskset.tasks[:6]).trees
+    plain = TreeRolloutCollector(KeyedScriptedEngine(tokenizer, turns), tokenizer, env, FixedValues(), config, seed=3).collect(taskset.tasks[:6]).trees
+    def grown(trees):  # tool timings aside
+        dicts = [t.to_dict() for t in trees]
+        for node in (n for d in dicts for n in d["nodes"]):
+            node["info"].pop("tool_seconds", None)
+        return dicts
+
+    assert grown(routed) == grown(plain)
+    roots = {tuple(t.root.token_ids): t.task_id for t in routed}
+    assert len(engine.routed) > len(routed)  # later turns and branches too
+    for key, prompt in engine.routed:
+        assert [task for root, task in roots.items() if prompt[: len(root)] == root] == [key]

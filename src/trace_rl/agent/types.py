@@ -44,6 +44,28 @@ class Task:
     corpus: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data (tuples as lists); `from_dict` gives the task back."""
+        return {"task_id": self.task_id, "question": self.question, "answers": list(self.answers), "source": self.source,
+                "tools": list(self.tools), "scorer": self.scorer, "corpus": self.corpus, "meta": dict(self.meta)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Task:
+        """The task `to_dict` wrote (data from elsewhere: unknown keys and wrong types raise ValueError)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a task is a JSON object, got {type(data).__name__}")
+        unknown = set(data) - {"task_id", "question", "answers", "source", "tools", "scorer", "corpus", "meta"}
+        if unknown:
+            raise ValueError(f"unknown task keys {sorted(unknown)}")
+        strings = {"task_id": data.get("task_id"), "question": data.get("question"), "source": data.get("source"), "scorer": data.get("scorer", "exact_match")}
+        lists = {"answers": data.get("answers"), "tools": data.get("tools", [])}
+        if not all(isinstance(v, str) for v in strings.values()) or not all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in lists.values()):
+            raise ValueError(f"a task needs strings task_id, question, source, scorer and lists of strings answers, tools; got {data!r}"[:300])
+        corpus, meta = data.get("corpus"), data.get("meta", {})
+        if corpus is not None and not isinstance(corpus, str) or not isinstance(meta, dict):
+            raise ValueError("a task's corpus is a string or null and its meta an object")
+        return cls(**strings, answers=tuple(lists["answers"]), tools=tuple(lists["tools"]), corpus=corpus, meta=dict(meta))
+
 
 OraclePolicy = Callable[[Task, Sequence[tuple[ToolCall, str]]], ToolCall]
 """A scripted agent: given the task and the (action, observation) pairs so far, the next action.

@@ -4,12 +4,13 @@
 `test.parquet` (the held-out split). Each row holds verl's columns: `prompt` (the env's chat
 messages, which verl's dataset filters by length and shows in its logs; the manager renders the
 prompt itself), `data_source` (the task's source), `reward_model` (rule style, the canonical answer,
-for verl's logs: the env scores every leaf) and `extra_info` (`index`, and `trace_task`: the task id
-the manager looks up in the same config's task set).
+for verl's logs: the env scores every leaf) and `extra_info` (`index`, and `trace_task`: the task as
+JSON, which `TraceAgentLoopManager` rebuilds, so a validation file may come from another config).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ def task_rows(config: RunConfig) -> dict[str, list[dict[str, Any]]]:
                 "prompt": env.messages(task),
                 "ability": config.task.name,
                 "reward_model": {"style": "rule", "ground_truth": task.answers[0] if task.answers else ""},
-                "extra_info": {"index": index, "split": name, TASK_KEY: task.task_id},
+                "extra_info": {"index": index, "split": name, TASK_KEY: json.dumps(task.to_dict())},
             }
             for index, task in enumerate(taskset.tasks)
         ]

@@ -28,13 +28,15 @@ Validation batches (`validate` set) get `val_kwargs.n` (or the row's `__rollout_
 rollouts per prompt at `val_kwargs.temperature`, no allocation.
 
 The trace-rl side is a run config, named in verl's config as `+trace_rl.config=<yaml>` with optional
-`+trace_rl.overrides=[key=value, ...]` and `+trace_rl.out=<folder>`. Its task set must be the one
-the parquet files were written from (`trace-rl verl-data`): a row names its task by
-`extra_info.trace_task`.
+`+trace_rl.overrides=[key=value, ...]` and `+trace_rl.out=<folder>`: its rollout, method,
+predictor, estimator and env (tools, retrieval server) are the ones used. Each dataset row carries
+its task (`extra_info.trace_task`, the task as JSON, written by `trace-rl verl-data`), so train and
+validation files may come from different task sets.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -52,14 +54,14 @@ from trace_rl.integrations.verl.engine import LLMServerEngine
 from trace_rl.metrics import predictor_metrics, rollout_metrics
 from trace_rl.predictor.base import backup_targets
 from trace_rl.rollout import TreeRolloutCollector
-from trace_rl.run import RunConfig, build_env, build_predictor, load_tasks, task_splits
+from trace_rl.run import RunConfig, build_env, build_predictor, task_splits
 from trace_rl.rundir import RunDir
 from trace_rl.tree import RolloutTree
 
 logger = logging.getLogger(__name__)
 
 TASK_KEY = "trace_task"
-"""The key of a dataset row's `extra_info` that names its trace-rl task."""
+"""The key of a dataset row's `extra_info` holding its trace-rl task, as JSON (`Task.to_dict`)."""
 NODES = "trace_nodes"
 """Row field: the tree node id of every response token."""
 
@@ -119,9 +121,7 @@ class TraceAgentLoopManager:
 
             tokenizer = AutoTokenizer.from_pretrained(config.actor_rollout_ref.model.path)
         _, train = task_splits(self.run)
-        test = load_tasks(self.run.task, "test", self.run.task.test_tasks)
-        self.tasks: dict[str, Task] = {task.task_id: task for task in (*train.tasks, *test.tasks)}
-        env = build_env(self.run, train)
+        env = build_env(self.run, train)  # its tools and corpus (or the retrieval server) serve every row's task
         self.engine = LLMServerEngine(llm_client, tokenizer)
         self.predictor = build_predictor(self.run)
         self.collector = TreeRolloutCollector(self.engine, tokenizer, env, self.predictor, self.run.rollout, seed=self.run.seed)
@@ -155,11 +155,13 @@ class TraceAgentLoopManager:
         put_rows(trees, advantages, uids, _prompt_fields(batch), partition="val" if validate else "train", global_steps=step)
 
     def _task(self, info: Any, uid: str) -> Task:
-        name = info.get(TASK_KEY) if isinstance(info, dict) else None
-        if name is None or name not in self.tasks:
-            raise ValueError(f"prompt {uid}: extra_info.{TASK_KEY}={name!r} is no task of the trace_rl config's task set ({self.run.task.name}); "
-                             "write the parquet files with `trace-rl verl-data` from the same config")
-        return self.tasks[name]
+        text = info.get(TASK_KEY) if isinstance(info, dict) else None
+        if not isinstance(text, str):
+            raise ValueError(f"prompt {uid}: extra_info has no {TASK_KEY}; write the parquet files with `trace-rl verl-data`")
+        try:
+            return Task.from_dict(json.loads(text))
+        except ValueError as exc:  # json.JSONDecodeError included
+            raise ValueError(f"prompt {uid}: extra_info.{TASK_KEY} is not a task: {exc}") from None
 
     def _learn(self, trees: list[RolloutTree], advantages: Sequence[Any], figures: dict[str, float], step: int, seconds: float) -> None:
         """The predictor learns from the batch's backups; its figures are kept (and written to `trace_rl.out`)."""
