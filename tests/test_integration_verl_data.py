@@ -29,3 +29,19 @@ def test_verl_rows_name_each_task_of_the_rl_train_and_test_splits_once(tmp_path)
 def test_a_task_from_a_file_is_data_and_a_malformed_one_is_refused(data):
     with pytest.raises(ValueError):
         Task.from_dict(data)
+
+
+def test_the_verl_data_command_writes_both_files_or_says_in_one_line_what_it_needs(tmp_path, capsys):
+    import importlib.util
+
+    from trace_rl.cli import main
+
+    code = main(["verl-data", "--config", "configs/smoke.yaml", "--out", str(tmp_path / "d"), "task.train_tasks=6", "task.test_tasks=2"])
+    if importlib.util.find_spec("pyarrow") is None:
+        assert code == 2
+        assert capsys.readouterr().err.strip().splitlines() == ["trace-rl verl-data: writing parquet needs pyarrow: pip install -e '.[parquet]' (verl's environment has it)"]
+    else:
+        import pyarrow.parquet as pq
+
+        assert code == 0
+        assert pq.read_table(tmp_path / "d" / "train.parquet").num_rows == 6 and pq.read_table(tmp_path / "d" / "test.parquet").num_rows == 2
