@@ -1,10 +1,12 @@
 """Train the tiny policy with TRL's GRPOTrainer on TRACE trees, on CPU (needs the `trl` extra).
 
     python examples/trl_trace.py --steps 2 [key=value ...]
+    python examples/trl_trace.py --config configs/gpu/trl_qwen3_1p7b_vllm.yaml --steps 200   # on a GPU
 
 The run is `configs/smoke.yaml` (the multihop task, the tiny policy warm-started through trace-rl's
 cached warm start, made once) with two prompts of four rollouts a step and short turns; key=value
-arguments override it further. Each prompt's four rollouts form one TRACE tree (two bare rollouts,
+arguments override it further. `--config` runs another run config as it is (the GPU recipe
+generates with a `vllm serve` server, which receives the weights after every step). Each prompt's four rollouts form one TRACE tree (two bare rollouts,
 two continuations from the prefixes Stage 2 picks), and TRL trains on the tree advantages
 (`trace_rl.integrations.trl`). Prints one JSON object per step (TRL's figures and the batch's
 `tree/*`, `rollout/*`, `predictor/*`), then one with the steps and the training time.
@@ -40,9 +42,11 @@ class JsonLines(TrainerCallback):
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2, help="generations (each one optimiser step)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of configs/smoke.yaml")
+    parser.add_argument("--config", type=Path, default=None, help="a run config to use as it is (default: configs/smoke.yaml, made small)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of the config")
     options = parser.parse_args(argv)
-    config = load_config(RunConfig, SMOKE, [*OVERRIDES, f"train.steps={options.steps}", *options.overrides])
+    base = [] if options.config else list(OVERRIDES)
+    config = load_config(RunConfig, options.config or SMOKE, [*base, f"train.steps={options.steps}", *options.overrides])
     parts = build_parts(config)  # the warm start, cached after the first run
     rollout = TraceRollout.from_parts(parts, config)
     with tempfile.TemporaryDirectory() as output_dir:

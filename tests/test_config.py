@@ -108,3 +108,14 @@ def test_a_demonstration_split_is_disjoint_from_rl_training_and_the_test_split()
     assert same[0] is same[1] and len(same[1].tasks) == 40  # no demo split: the warm start demonstrates on RL's tasks
     with pytest.raises(ConfigError, match="task.demo_tasks must be >= 1"):
         load_config(RunConfig, None, ["task.demo_tasks=0"])
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "configs" / "gpu").glob("*.yaml")))
+def test_gpu_recipe_configs_load_with_only_what_this_machine_lacks_replaced(name):
+    """The GPU recipes' every key is known and every value accepted; only what needs that machine (a
+    CUDA device, Search-R1's data file) is swapped for this one's."""
+    from trace_rl.run import RunConfig
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "gpu" / f"{name}.yaml"
+    config = load_config(RunConfig, path, ["model.device=cpu", "task.name=multihop"])
+    assert config.model.warm_start is False and config.rollout.method == "trace"
