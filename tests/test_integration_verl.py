@@ -23,6 +23,7 @@ torch = pytest.importorskip("torch")
 import scripted_engine
 from omegaconf import OmegaConf
 from scripted_engine import KeyedScriptedEngine, coin_flip_answers, make_world
+from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 from verl.utils import tensordict_utils as tu
 from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
@@ -240,7 +241,8 @@ def test_the_manager_writes_one_row_per_leaf_with_its_own_reward_and_tree_advant
 
 def test_put_rows_keeps_a_hand_worked_trees_rewards_and_advantages(tmp_path):
     """Root [1, 2] -> P (3, 4 | observation 5) -> A (6, reward 1) and B (7, 8, reward 0): A's row
-    trains P and A, B's row only B; each row's score is its own leaf's."""
+    trains P and A, B's row only B; each row's score is its own leaf's; the padding rows verl adds to
+    make a batch divisible get zero advantages."""
     tree = RolloutTree.new("t", "q", [1, 2])
     p = tree.add_turn(0, token_ids=[3, 4, 5], mask=[1, 1, 0], logprobs=[-0.1, -0.2, 0.0])
     a = tree.add_turn(p, token_ids=[6], logprobs=[-0.3], reward=1.0)
@@ -251,8 +253,14 @@ def test_put_rows_keeps_a_hand_worked_trees_rewards_and_advantages(tmp_path):
     assert keys == [f"{uid}_{a}_0", f"{uid}_{b}_0"]
     meta, _ = ReplayBuffer(trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop",
                            sampler_kwargs={}, poll_interval=0.05).sample(global_steps=3, partition_id="train", batch_size=1)
+    meta = upsample_batch_to_divisible_size(meta, 4, eos_token_id=0)  # verl's no-op rows: 2 more, one token each
     meta = TracePPOTrainer._compute_advantage(None, meta, {})
-    data = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["rm_scores", "advantages", "response_mask", ADVANTAGES])
+    padding = [key for key, tag in zip(meta.keys, meta.tags) if tag.get("is_padding")]
+    assert len(padding) == 2
+    pads = tq.kv_batch_get(keys=padding, partition_id="train", select_fields=["advantages", "response_mask"])
+    assert [a.tolist() for a in pads["advantages"].unbind()] == [[0.0], [0.0]]
+    data = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["rm_scores", "advantages", "response_mask", ADVANTAGES, "num_turns"])
+    assert list(data["num_turns"]) == [2, 2]
     adv = (0.5 / (np.sqrt(0.5) + 1e-6)) * 2
     np.testing.assert_allclose(data["rm_scores"][0].numpy(), [0, 0, 0, 1])
     np.testing.assert_allclose(data["rm_scores"][1].numpy(), [0, 0, 0, 0, 0])

@@ -241,7 +241,8 @@ def _row(rows: dict[str, list[Any]], r: int, tree: RolloutTree, leaf: int) -> di
         ADVANTAGES: torch.tensor(rows[ADVANTAGES][r], dtype=torch.float32),
         NODES: torch.tensor(nodes, dtype=torch.int64),
         LEAF: int(leaf),
-        "extra_fields": {"trace_leaf": int(leaf), "trace_reward": float(rows[REWARD][r]), "num_turns": len(tree.path(leaf)) - 1},
+        "num_turns": len(tree.path(leaf)) - 1,
+        "extra_fields": {"trace_leaf": int(leaf), "trace_reward": float(rows[REWARD][r])},
     }
 
 

@@ -4,8 +4,8 @@ Registered as trainer mode `trace` (`trainer.v1.trainer_mode=trace`). It is verl
 (colocated rollout, weights synced to the replicas after every step) with two steps replaced:
 
 - `_compute_advantage` reads each row's `trace_advantages` (written by `TraceAgentLoopManager`, one
-  value per response token, 0 where the row trains nothing) and stores them as verl's `advantages`
-  and `returns`, in place of the estimator `algorithm.adv_estimator` names, which sees only rewards,
+  value per response token, 0 where the row trains nothing; 0 on verl's padding rows, which it adds
+  to make a batch divisible across ranks) and stores them as verl's `advantages` and `returns`, in place of the estimator `algorithm.adv_estimator` names, which sees only rewards,
   the mask and `uid`, never the tree;
 - `_compute_reward_colocate` keeps the rows' `rm_scores`: each leaf's reward was scored by
   trace-rl's env during the rollout.
@@ -19,6 +19,7 @@ skips, so it is refused.
 
 from __future__ import annotations
 
+import torch
 import transfer_queue as tq
 from tensordict import TensorDict
 from verl.trainer.ppo.v1.trainer_base import register_trainer
@@ -40,8 +41,16 @@ class TracePPOTrainer(PPOTrainerSync):
         super().__init__(config, *args, **kwargs)
 
     def _compute_advantage(self, batch, metrics):
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=[ADVANTAGES])
-        advantages = data[ADVANTAGES]
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=[ADVANTAGES, "response_mask"])
+        rows = []
+        for key, tag, advantage, mask in zip(batch.keys, batch.tags, data[ADVANTAGES].unbind(), data["response_mask"].unbind()):
+            if tag.get("is_padding", False):  # verl's no-op rows copy a real row's fields but hold one response token
+                rows.append(torch.zeros(mask.shape[0], dtype=torch.float32))
+            elif advantage.shape != mask.shape:
+                raise ValueError(f"row {key}: {advantage.shape[0]} tree advantages for {mask.shape[0]} response tokens")
+            else:
+                rows.append(advantage.float())
+        advantages = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
         fields = TensorDict({"advantages": advantages, "returns": advantages.clone()}, batch_size=len(batch))
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
 
