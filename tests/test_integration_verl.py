@@ -272,6 +272,10 @@ def test_put_rows_keeps_a_hand_worked_trees_rewards_and_advantages(tmp_path):
 def test_the_manager_refuses_a_budget_other_than_verls_rows(run_yaml, world):
     with pytest.raises(ConfigError, match="rollout.budget=16"):
         TraceAgentLoopManager(verl_config(run_yaml, n=8), llm_client=None, tokenizer=world[2])
+    too_short = verl_config(run_yaml)
+    too_short.data.max_prompt_length, too_short.data.max_response_length = 512, 512
+    with pytest.raises(ConfigError, match="max_context_tokens=.* exceeds verl's"):
+        TraceAgentLoopManager(too_short, llm_client=None, tokenizer=world[2])
     with pytest.raises(ConfigError, match="trace_rl.config is not set"):
         TraceAgentLoopManager(OmegaConf.create({"data": {}}), llm_client=None, tokenizer=world[2])
 

@@ -95,6 +95,10 @@ def check_verl_config(config: Any, run: RunConfig) -> None:
         raise ConfigError(f"trace_rl prompts_per_step={run.prompts_per_step} but data.train_batch_size={config.data.train_batch_size}; they must agree")
     if rollout.get("full_determinism", False):
         raise ConfigError("actor_rollout_ref.rollout.full_determinism=True sends verl's sticky key as the vLLM request id, which a tree's concurrent branches share")
+    prompt, response = config.data.get("max_prompt_length"), config.data.get("max_response_length")
+    if prompt is not None and response is not None and run.rollout.max_context_tokens > int(prompt) + int(response):
+        raise ConfigError(f"trace_rl rollout.max_context_tokens={run.rollout.max_context_tokens} exceeds verl's data.max_prompt_length + "
+                          f"data.max_response_length = {int(prompt) + int(response)}, the longest sequence its replicas and actor take")
     if abs(float(rollout.temperature) - run.rollout.temperature) > 1e-9:
         raise ConfigError(f"actor_rollout_ref.rollout.temperature={rollout.temperature} but trace_rl rollout.temperature={run.rollout.temperature}; they must agree")
 
