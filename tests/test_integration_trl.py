@@ -26,7 +26,6 @@ from trace_rl.models import TinyConfig, load_policy
 from trace_rl.rollout import TreeRolloutCollector
 from trace_rl.run import Parts, RunConfig, build_env, build_predictor
 from trace_rl.train.sequences import loss_denominator, tree_sequences
-from trace_rl.tree import RolloutTree
 
 pytestmark = pytest.mark.trl
 

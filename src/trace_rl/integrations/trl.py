@@ -47,7 +47,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
@@ -55,7 +54,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trace_rl.advantage import NodeAdvantages, advantage_metrics, get_estimator
 from trace_rl.agent.types import Task
 from trace_rl.config import FieldError
-from trace_rl.integrations.rows import ADVANTAGES, LEAF, REWARD, tree_rows
+from trace_rl.integrations.rows import ADVANTAGES, REWARD, tree_rows
 from trace_rl.metrics import predictor_metrics, rollout_metrics
 from trace_rl.predictor.base import backup_targets
 from trace_rl.rollout import RolloutBatch, TreeRolloutCollector
