@@ -239,6 +239,34 @@ def test_the_manager_writes_one_row_per_leaf_with_its_own_reward_and_tree_advant
     assert (tmp_path / "trace_run" / "metrics.jsonl").is_file() and (tmp_path / "trace_run" / "trees").is_dir()
 
 
+def test_a_validation_batch_gets_val_kwargs_n_plain_rollouts_per_prompt_and_no_predictor_update(world, run_yaml, tmp_path):
+    """verl's `_validate` submits the validation set with `validate` set: each prompt gets
+    `val_kwargs.n` independent rollouts (no allocation, no Stage 2), in the `val` partition."""
+    _, _, tokenizer, _ = world
+    server = ray.remote(EngineServer).remote(scripted_coin_flips)
+    manager = TraceAgentLoopManager.create(config=verl_config(run_yaml), llm_client=verl_client(server), tokenizer=tokenizer)
+    paths = write_parquet(manager.run, tmp_path / "data")
+    # the train file: the scripted server answers make_world's questions only
+    dataset = RLHFDataset(data_files=[str(paths["train"])], tokenizer=tokenizer, config=OmegaConf.create({"filter_overlong_prompts": False}))
+    batch_dict = collate_fn([dataset[i] for i in range(3)])
+    batch_dict["uid"] = np.array([str(uuid.uuid4()) for _ in range(3)], dtype=object)
+    batch = tu.get_tensordict(batch_dict)
+    tu.assign_non_tensor_data(batch, "global_steps", 0)
+    tu.assign_non_tensor_data(batch, "validate", True)
+    tq.kv_batch_put(keys=list(batch["uid"]), partition_id="val", tags=[{"is_prompt": True, "status": "pending", "global_steps": 0}] * 3)
+    state = manager.predictor.state_dict()
+
+    manager.generate_sequences(batch)
+
+    meta, _ = ReplayBuffer(trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop",
+                           sampler_kwargs={}, poll_interval=0.05).sample(global_steps=0, partition_id="val", batch_size=3)
+    uids = [key.rsplit("_", 2)[0] for key in meta.keys]
+    assert sorted(uids.count(uid) for uid in set(uids)) == [2, 2, 2]  # val_kwargs.n = 2 each
+    data = tq.kv_batch_get(keys=meta.keys, partition_id="val", select_fields=["rm_scores", "data_source", "reward_model"])
+    assert len(data["rm_scores"]) == 6 and list(data["data_source"]) == ["multihop"] * 6
+    assert manager.last_trees == [] and str(manager.predictor.state_dict()) == str(state)  # validation teaches nothing
+
+
 def test_put_rows_keeps_a_hand_worked_trees_rewards_and_advantages(tmp_path):
     """Root [1, 2] -> P (3, 4 | observation 5) -> A (6, reward 1) and B (7, 8, reward 0): A's row
     trains P and A, B's row only B; each row's score is its own leaf's; the padding rows verl adds to
