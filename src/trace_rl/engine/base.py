@@ -25,6 +25,7 @@ in `token_ids` and `logprobs` (the policy learns to stop), never in `text`.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -142,6 +143,22 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int | None = Non
             raise ValueError(f"prompt {index} has token id {bad}, outside the vocabulary [0, {vocab_size})")
         checked.append(ids)
     return checked
+
+
+def server_seeds(prompts: Sequence[Sequence[int]], params: SamplingParams, route_keys: Sequence[str] | None = None) -> list[int | None]:
+    """The seed of each prompt's first sample when a server seeds the j-th of n samples `seed + j`
+    (vLLM): the r-th repeat of an identical prompt in one call starts at `seed + r * n`, so repeats
+    differ, as in the `hf` engine; None without `params.seed`. Also checks `route_keys` (one per prompt)."""
+    if route_keys is not None and len(route_keys) != len(prompts):
+        raise ValueError(f"route_keys has {len(route_keys)} entries for {len(prompts)} prompts")
+    if params.seed is None:
+        return [None] * len(prompts)
+    repeats: Counter[tuple[int, ...]] = Counter()
+    seeds = []
+    for prompt in prompts:
+        seeds.append(params.seed + repeats[tuple(prompt)] * params.n)
+        repeats[tuple(prompt)] += 1
+    return seeds
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, str | None]:

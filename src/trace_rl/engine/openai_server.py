@@ -58,7 +58,6 @@ import ssl
 import tempfile
 import time
 import urllib.parse
-from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -73,6 +72,7 @@ from .base import (
     SamplingParams,
     check_prompts,
     detokenize,
+    server_seeds,
 )
 
 MAX_TOKEN_ID = 2**31 - 1
@@ -204,15 +204,8 @@ class OpenAIEngine:
         """`params.n` completions per prompt. `route_keys` (one per prompt, e.g. the tree's task id)
         override the default routing by prompt prefix."""
         prompts = check_prompts(prompts, self.vocab_size)
-        if route_keys is not None and len(route_keys) != len(prompts):
-            raise ValueError(f"route_keys has {len(route_keys)} entries for {len(prompts)} prompts")
-        repeats: Counter[tuple[int, ...]] = Counter()
         jobs = []
-        for index, prompt in enumerate(prompts):
-            seed = None
-            if params.seed is not None:
-                seed = params.seed + repeats[tuple(prompt)] * params.n
-                repeats[tuple(prompt)] += 1
+        for index, (prompt, seed) in enumerate(zip(prompts, server_seeds(prompts, params, route_keys))):
             url = self.route(route_keys[index] if route_keys is not None else prompt)
             jobs.append((url, prompt, seed))
         if len(jobs) == 1:

@@ -32,11 +32,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from trace_rl.engine.base import Completion, EngineError, FinishReason, SamplingParams, check_prompts, cut_at_stop, detokenize
+from trace_rl.engine.base import Completion, EngineError, FinishReason, SamplingParams, check_prompts, cut_at_stop, detokenize, server_seeds
 
 
 class LLMServerEngine:
@@ -70,18 +69,10 @@ class LLMServerEngine:
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, route_keys: Sequence[str] | None = None
     ) -> list[list[Completion]]:
         prompts = check_prompts(prompts, self.vocab_size)
-        if route_keys is not None and len(route_keys) != len(prompts):
-            raise ValueError(f"route_keys has {len(route_keys)} entries for {len(prompts)} prompts")
-        repeats: Counter[tuple[int, ...]] = Counter()
         calls = []
-        for index, prompt in enumerate(prompts):
+        for index, (prompt, seed) in enumerate(zip(prompts, server_seeds(prompts, params, route_keys))):
             request_id = self.route_key(route_keys[index] if route_keys is not None else prompt)
-            base = None
-            if params.seed is not None:
-                base = params.seed + repeats[tuple(prompt)] * params.n
-                repeats[tuple(prompt)] += 1
-            for j in range(params.n):
-                calls.append((request_id, prompt, None if base is None else base + j))
+            calls += [(request_id, prompt, None if seed is None else seed + j) for j in range(params.n)]
         future = asyncio.run_coroutine_threadsafe(self._all(calls, params), self._loop)
         try:
             outputs = future.result(timeout=self.timeout_s)
