@@ -62,7 +62,7 @@ class Task:
         if not all(isinstance(v, str) for v in strings.values()) or not all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in lists.values()):
             raise ValueError(f"a task needs strings task_id, question, source, scorer and lists of strings answers, tools; got {data!r}"[:300])
         corpus, meta = data.get("corpus"), data.get("meta", {})
-        if corpus is not None and not isinstance(corpus, str) or not isinstance(meta, dict):
+        if (corpus is not None and not isinstance(corpus, str)) or not isinstance(meta, dict):
             raise ValueError("a task's corpus is a string or null and its meta an object")
         return cls(**strings, answers=tuple(lists["answers"]), tools=tuple(lists["tools"]), corpus=corpus, meta=dict(meta))
 
