@@ -104,6 +104,27 @@ def verl_config(run_yaml: Path, *, train_batch_size: int = 4, n: int = 4, **trac
     })
 
 
+def sync_replay_buffer() -> ReplayBuffer:
+    """verl's replay buffer as its `sync` trainer builds it (no off-policy bound, no group filter)."""
+    return ReplayBuffer(trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop",
+                        sampler_kwargs={}, poll_interval=0.05)
+
+
+def submit(tokenizer, parquet: Path, count: int, *, partition: str, step: int, validate: bool = False):
+    """The first `count` rows of a parquet file as verl's trainer hands them to the manager: its
+    dataset and collate function, a uid per prompt, each group registered as pending in TransferQueue."""
+    dataset = RLHFDataset(data_files=[str(parquet)], tokenizer=tokenizer,
+                          config=OmegaConf.create({"filter_overlong_prompts": False, "return_raw_chat": True}))
+    batch_dict = collate_fn([dataset[i] for i in range(count)])
+    batch_dict["uid"] = np.array([str(uuid.uuid4()) for _ in range(count)], dtype=object)
+    batch = tu.get_tensordict(batch_dict)
+    tu.assign_non_tensor_data(batch, "global_steps", step)
+    if validate:
+        tu.assign_non_tensor_data(batch, "validate", True)
+    tq.kv_batch_put(keys=list(batch["uid"]), partition_id=partition, tags=[{"is_prompt": True, "status": "pending", "global_steps": step}] * count)
+    return batch
+
+
 @pytest.fixture(scope="module", autouse=True)
 def ray_and_transfer_queue():
     """One Ray and one TransferQueue for the module; the actors cannot import the tests folder, so its
@@ -198,19 +219,11 @@ def test_the_manager_writes_one_row_per_leaf_with_its_own_reward_and_tree_advant
 
     run = manager.run
     paths = write_parquet(run, tmp_path / "data")
-    dataset = RLHFDataset(data_files=[str(paths["train"])], tokenizer=tokenizer,
-                          config=OmegaConf.create({"filter_overlong_prompts": False, "return_raw_chat": True}))
-    batch_dict = collate_fn([dataset[i] for i in range(4)])
-    batch_dict["uid"] = np.array([str(uuid.uuid4()) for _ in range(4)], dtype=object)
-    batch = tu.get_tensordict(batch_dict)
-    tu.assign_non_tensor_data(batch, "global_steps", 1)
-    tq.kv_batch_put(keys=list(batch["uid"]), partition_id="train", tags=[{"is_prompt": True, "status": "pending", "global_steps": 1}] * 4)
+    batch = submit(tokenizer, paths["train"], 4, partition="train", step=1)
 
     manager.generate_sequences(batch)
 
-    buffer = ReplayBuffer(trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop",
-                          sampler_kwargs={}, poll_interval=0.05)
-    meta, _ = buffer.sample(global_steps=1, partition_id="train", batch_size=4)
+    meta, _ = sync_replay_buffer().sample(global_steps=1, partition_id="train", batch_size=4)
     meta = TracePPOTrainer._compute_advantage(None, meta, {})
     data = tq.kv_batch_get(keys=meta.keys, partition_id="train", select_fields=["rm_scores", "advantages", "response_mask", "responses", NODES, "uid"])
 
@@ -247,19 +260,12 @@ def test_a_validation_batch_gets_val_kwargs_n_plain_rollouts_per_prompt_and_no_p
     manager = TraceAgentLoopManager.create(config=verl_config(run_yaml), llm_client=verl_client(server), tokenizer=tokenizer)
     paths = write_parquet(manager.run, tmp_path / "data")
     # the train file: the scripted server answers make_world's questions only
-    dataset = RLHFDataset(data_files=[str(paths["train"])], tokenizer=tokenizer, config=OmegaConf.create({"filter_overlong_prompts": False}))
-    batch_dict = collate_fn([dataset[i] for i in range(3)])
-    batch_dict["uid"] = np.array([str(uuid.uuid4()) for _ in range(3)], dtype=object)
-    batch = tu.get_tensordict(batch_dict)
-    tu.assign_non_tensor_data(batch, "global_steps", 0)
-    tu.assign_non_tensor_data(batch, "validate", True)
-    tq.kv_batch_put(keys=list(batch["uid"]), partition_id="val", tags=[{"is_prompt": True, "status": "pending", "global_steps": 0}] * 3)
+    batch = submit(tokenizer, paths["train"], 3, partition="val", step=0, validate=True)
     state = manager.predictor.state_dict()
 
     manager.generate_sequences(batch)
 
-    meta, _ = ReplayBuffer(trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop",
-                           sampler_kwargs={}, poll_interval=0.05).sample(global_steps=0, partition_id="val", batch_size=3)
+    meta, _ = sync_replay_buffer().sample(global_steps=0, partition_id="val", batch_size=3)
     uids = [key.rsplit("_", 2)[0] for key in meta.keys]
     assert sorted(uids.count(uid) for uid in set(uids)) == [2, 2, 2]  # val_kwargs.n = 2 each
     data = tq.kv_batch_get(keys=meta.keys, partition_id="val", select_fields=["rm_scores", "data_source", "reward_model"])
@@ -279,8 +285,7 @@ def test_put_rows_keeps_a_hand_worked_trees_rewards_and_advantages(tmp_path):
     tq.kv_put(key=uid, partition_id="train", tag={"is_prompt": True, "status": "pending", "global_steps": 3})
     keys = put_rows([tree], get_estimator("trace")([tree]), [uid], {"uid": [uid]}, partition="train", global_steps=3)
     assert keys == [f"{uid}_{a}_0", f"{uid}_{b}_0"]
-    meta, _ = ReplayBuffer(trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop",
-                           sampler_kwargs={}, poll_interval=0.05).sample(global_steps=3, partition_id="train", batch_size=1)
+    meta, _ = sync_replay_buffer().sample(global_steps=3, partition_id="train", batch_size=1)
     meta = upsample_batch_to_divisible_size(meta, 4, eos_token_id=0)  # verl's no-op rows: 2 more, one token each
     meta = TracePPOTrainer._compute_advantage(None, meta, {})
     padding = [key for key, tag in zip(meta.keys, meta.tags) if tag.get("is_padding")]

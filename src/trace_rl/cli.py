@@ -93,14 +93,14 @@ def _tasks(args: argparse.Namespace) -> int:
 
 
 def _verl_data(args: argparse.Namespace) -> int:
-    import importlib.util
-
     from trace_rl.config import load_config
-    from trace_rl.integrations.verl.data import write_parquet
+    from trace_rl.integrations.verl.data import require_pyarrow, write_parquet
     from trace_rl.run import RunConfig
 
-    if importlib.util.find_spec("pyarrow") is None:
-        raise ConfigError("writing parquet needs pyarrow: pip install -e '.[parquet]' (verl's environment has it)")
+    try:
+        require_pyarrow()
+    except ImportError as exc:  # a missing install, said in one line like a bad config
+        raise ConfigError(str(exc)) from None
     config = load_config(RunConfig, args.config, args.overrides)
     paths = write_parquet(config, _out_folder(args.out))
     print(json.dumps({name: str(path) for name, path in paths.items()}))

@@ -9,7 +9,7 @@ advantages inside verl's own training loop, on verl's own rollout replicas.
 - `TracePPOTrainer` (`trainer.py`): trainer mode `trace` (`trainer.v1.trainer_mode=trace`), verl's
   synchronous trainer training those advantages;
 - `data.py`: the parquet files verl's dataset reads, one row per trace-rl task (`trace-rl verl-data`,
-  which needs pandas and pyarrow but not verl).
+  which needs pyarrow but not verl).
 
 Importing `trainer.py` registers the trainer mode; the `verl.plugins` entry point (pyproject.toml)
 imports it inside every verl process, so `trainer.v1.trainer_mode=trace` resolves there. The recipe

@@ -10,6 +10,7 @@ JSON, which `TraceAgentLoopManager` rebuilds, so a validation file may come from
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -38,14 +39,17 @@ def task_rows(config: RunConfig) -> dict[str, list[dict[str, Any]]]:
     return splits
 
 
+def require_pyarrow() -> None:
+    """ImportError saying how to get pyarrow, unless it can be imported (checked before any work)."""
+    if importlib.util.find_spec("pyarrow") is None:
+        raise ImportError("writing parquet needs pyarrow: pip install -e '.[parquet]' (verl's environment has it)")
+
+
 def write_parquet(config: RunConfig, out: str | Path) -> dict[str, Path]:
-    """Write `train.parquet` and `test.parquet` into `out`; returns their paths (needs pyarrow:
-    verl's environment has it, or the `parquet` extra)."""
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError as exc:
-        raise ImportError("writing parquet needs pyarrow: pip install -e '.[parquet]' (verl's environment has it)") from exc
+    """Write `train.parquet` and `test.parquet` into `out`; returns their paths (`require_pyarrow`)."""
+    require_pyarrow()
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)

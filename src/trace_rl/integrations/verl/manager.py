@@ -246,7 +246,7 @@ def _row(rows: dict[str, list[Any]], r: int, tree: RolloutTree, leaf: int) -> di
         NODES: torch.tensor(nodes, dtype=torch.int64),
         LEAF: int(leaf),
         "num_turns": len(tree.path(leaf)) - 1,
-        "extra_fields": {"trace_leaf": int(leaf), "trace_reward": float(rows[REWARD][r])},
+        "extra_fields": {},  # verl reads the column; the leaf and its reward are the fields above
     }
 
 
