@@ -41,6 +41,16 @@ def per_question_success(parts: Parts, config: RunConfig, samples: int, temperat
     return np.array([tree.leaf_rewards().mean() for tree in trees])
 
 
+def difficulty(tasks: list) -> tuple[str, list[int]]:
+    """What the success is broken down by: `multihop`'s hop count, or the number of calculator steps of a
+    `toolmath` problem."""
+    if all("hops" in task.meta for task in tasks):
+        return "hops", [task.meta["hops"] for task in tasks]
+    if all("steps" in task.meta for task in tasks):
+        return "steps", [len(task.meta["steps"]) for task in tasks]
+    raise SystemExit("this benchmark breaks success down by multihop's hops or toolmath's steps; the task set has neither")
+
+
 def histogram(success: np.ndarray) -> list[int]:
     """Questions per tenth of [0, 1]; a success of exactly 1 falls in the last bin."""
     bins = np.minimum((success * BINS).astype(int), BINS - 1)
@@ -62,14 +72,12 @@ def log_progress(step: int, loss: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--questions", type=int, default=64, help="held-out multihop test questions")
+    parser.add_argument("--questions", type=int, default=64, help="held-out test questions")
     parser.add_argument("--samples", type=int, default=16, help="rollouts per question at temperature 1")
     parser.add_argument("--no-greedy", action="store_true", help="skip the greedy (temperature 0) pass")
     parser.add_argument("overrides", nargs="*", help="run config overrides, key=value")
     args = parser.parse_args()
     config = load_config(RunConfig, None, [f"task.test_tasks={args.questions}", *args.overrides])
-    if config.task.name != "multihop":
-        raise SystemExit(f"this benchmark reads multihop's hop counts; got task.name={config.task.name!r}")
 
     begin = time.perf_counter()
     parts = build_parts(config, progress=log_progress)
@@ -81,7 +89,7 @@ def main() -> None:
     eval_seconds = time.perf_counter() - begin
     greedy = None if args.no_greedy else per_question_success(parts, config, 2, temperature=0.0)
 
-    hops = [task.meta["hops"] for task in parts.test.tasks]
+    by, hops = difficulty(parts.test.tasks)
     by_hops: dict[int, list[float]] = defaultdict(list)
     for h, s in zip(hops, sampled):
         by_hops[h].append(float(s))
@@ -100,8 +108,8 @@ def main() -> None:
         "share_at_0": round(float(np.mean(sampled == 0.0)), 4),
         "share_at_1": round(float(np.mean(sampled == 1.0)), 4),
         "success_std_across_questions": round(float(sampled.std()), 4),
-        "success_by_hops": {str(h): round(float(np.mean(v)), 4) for h, v in sorted(by_hops.items())},
-        "greedy_by_hops": None
+        f"success_by_{by}": {str(h): round(float(np.mean(v)), 4) for h, v in sorted(by_hops.items())},
+        f"greedy_by_{by}": None
         if greedy is None
         else {str(h): round(float(np.mean([g for g, hh in zip(greedy, hops) if hh == h])), 4) for h in sorted(by_hops)},
         "sft_seconds": round(stats["sft/total_seconds"], 1),

@@ -195,6 +195,27 @@ def test_toolmath_oracle_survives_float_noise_and_refuses_garbage(tm_train: Task
         run_oracle(tm_train, tm_train.tasks[0], {"calculator": lambda expression: "error: boom"})
 
 
+def test_toolmath_oracle_passes_over_other_agents_calculator_calls(tm_train: TaskSet) -> None:
+    # The warm start's demonstrations mix random moves into the oracle's: a random expression, one that
+    # fails (division by zero), a search. The oracle must go on with its own next step, not read them.
+    strays = [
+        (ToolCall("calculator", {"expression": "1 / 0"}), "error: calculator: division by zero"),  # as the env records it
+        (ToolCall("calculator", {"expression": "7 * 6"}), calculate("7 * 6")),
+    ]
+    for task in tm_train.tasks[:50]:
+        history: list[tuple[ToolCall, str]] = []
+        for turn in range(20):
+            if turn % 2 == 0:  # another agent's move before each of the oracle's
+                history.append(strays[turn // 2 % 2])
+            call = tm_train.oracle(task, history)
+            if call.name == "answer":
+                assert score(task, call.arguments["answer"]) == 1.0, task.question
+                break
+            history.append((call, calculate(**call.arguments)))
+        else:
+            raise AssertionError(f"oracle did not answer {task.task_id}")
+
+
 # --------------------------------------------------------------------------------------------------
 # reasoning-gym
 # --------------------------------------------------------------------------------------------------

@@ -252,14 +252,25 @@ def _read_result(observation: str) -> str:
 def toolmath_oracle(task: Task, history: Sequence[tuple[ToolCall, str]]) -> ToolCall:
     """Run `meta['steps']` through the calculator one by one, substituting results read from its replies.
 
-    Raises ValueError when a calculator reply holds no number: the tool and the oracle disagree, which
-    is a bug to see, not a wrong answer to score.
+    Only the replies to the oracle's own next step count: a call in the history that is not exactly the
+    step's expression (another agent's move, as in the warm start's demonstrations, which mix in random
+    calculator calls) is passed over, so the oracle acts from any history. Raises ValueError when the
+    reply to one of its own steps holds no number: the tool and the oracle disagree, which is a bug to
+    see, not a wrong answer to score.
     """
     steps: list[str] = task.meta["steps"]
-    results = [_read_result(obs) for call, obs in history if call.name == "calculator"]
-    if len(results) >= len(steps):
-        answer = results[len(steps) - 1].strip("()")
+    results: list[str] = []
+    for call, observation in history:
+        if len(results) < len(steps) and call == _next_step(steps, results):
+            results.append(_read_result(observation))
+    if len(results) == len(steps):
+        answer = results[-1].strip("()")
         return ToolCall("answer", {"answer": answer.removesuffix(".0")})
+    return _next_step(steps, results)
+
+
+def _next_step(steps: list[str], results: list[str]) -> ToolCall:
+    """The calculator call of step `len(results)`, earlier results substituted."""
     expression = steps[len(results)].format(**{f"r{i}": value for i, value in enumerate(results)})
     return ToolCall("calculator", {"expression": expression})
 
