@@ -216,6 +216,23 @@ def test_toolmath_oracle_passes_over_other_agents_calculator_calls(tm_train: Tas
             raise AssertionError(f"oracle did not answer {task.task_id}")
 
 
+def test_toolmath_rationale_names_where_each_number_of_the_next_step_comes_from(tm_train: TaskSet) -> None:
+    task = next(t for t in tm_train.tasks if t.question.startswith("Ava buys 6 bags of rice at $1.30 each."))
+    assert tm_train.rationale is not None
+    history: list[tuple[ToolCall, str]] = []
+    seen = []
+    while (call := tm_train.oracle(task, history)).name != "answer":
+        seen.append((tm_train.rationale(task, history), call.arguments["expression"]))
+        history.append((call, calculate(**call.arguments)))
+    seen.append((tm_train.rationale(task, history), call.arguments["answer"]))
+    assert seen == [
+        ("buys 6, at $1.30", "6 * 1.30"),  # the literal as the question writes it (the step says 1.3)
+        ("step 1 gave 7.8, takes 50%", "7.8 * 50 / 100"),  # the result as the calculator wrote it
+        ("a $10, step 2 gave 3.9", "10 - 3.9"),
+        ("step 3 gave 6.1", "6.1"),
+    ]
+
+
 # --------------------------------------------------------------------------------------------------
 # reasoning-gym
 # --------------------------------------------------------------------------------------------------

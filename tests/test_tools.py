@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 import urllib.request
+import warnings
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -125,6 +126,17 @@ def test_calculator_refuses_anything_but_bounded_arithmetic(expression, message)
     with pytest.raises(ToolInputError) as excinfo:
         calculate(expression)
     assert message in str(excinfo.value)
+
+
+def test_calculator_refuses_model_text_without_a_parser_warning_on_stderr():
+    # "5is 3" and "3x" make Python's parser warn (SyntaxWarning) before it refuses or accepts: a
+    # warning per rollout turn would flood a training run's log.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for text in ("5is 3", "1if 2 else 3", "3x"):
+            with pytest.raises(ToolInputError):
+                calculate(text)
+    assert not caught
 
 
 def test_calculator_tool_spec_comes_from_the_function():

@@ -17,11 +17,17 @@ from __future__ import annotations
 import ast
 import hashlib
 import random
+import re
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 
 from trace_rl.agent.scoring import parse_number
 from trace_rl.agent.types import Task, TaskSet, ToolCall
+
+_OPERAND = re.compile(r"\{r(\d+)\}|\d+(?:\.\d+)?")
+"""An operand of a step expression: an earlier result (`{r1}`) or a literal number."""
+_QUESTION_NUMBER = re.compile(r"(\S+)\s+(\$?(\d+(?:\.\d+)?)%?)")
+"""A number of the question with the word before it (`earns $24.00`, `works 10`)."""
 
 _NAMES = ["Mia", "Leo", "Ava", "Noah", "Zoe", "Omar", "Lena", "Ravi", "Sara", "Tom", "Ines", "Kai", "Nina",
           "Hugo", "Priya", "Jonas", "Elif", "Marco", "Yuki", "Ana"]
@@ -243,36 +249,90 @@ def generate_problems(num_problems: int, seed: int) -> list[Task]:
 
 
 def _read_result(observation: str) -> str:
+    """The number a calculator reply states, as the reply writes it where it is a bare number (`3900`,
+    what a policy would copy), else Python's repr of it; negative numbers in parentheses."""
     value = parse_number(observation)
     if value is None:
         raise ValueError(f"toolmath oracle: no number in the calculator's reply {observation!r}")
-    return repr(value) if value >= 0 else f"({value!r})"
+    text = observation.strip()
+    try:
+        written = float(text) == value
+    except ValueError:
+        written = False
+    text = text if written else repr(value)
+    return text if value >= 0 else f"({text})"
 
 
 def toolmath_oracle(task: Task, history: Sequence[tuple[ToolCall, str]]) -> ToolCall:
     """Run `meta['steps']` through the calculator one by one, substituting results read from its replies.
 
-    Only the replies to the oracle's own next step count: a call in the history that is not exactly the
-    step's expression (another agent's move, as in the warm start's demonstrations, which mix in random
-    calculator calls) is passed over, so the oracle acts from any history. Raises ValueError when the
-    reply to one of its own steps holds no number: the tool and the oracle disagree, which is a bug to
-    see, not a wrong answer to score.
+    Literal numbers are written as the question writes them (`15.50`, not the step's `15.5`: the same
+    value), so the policy copies them from the question as they stand. Only the replies to the
+    oracle's own next step count: a call in the history that is not exactly the step's expression
+    (another agent's move, as in the warm start's demonstrations, which mix in random calculator
+    calls) is passed over, so the oracle acts from any history. Raises ValueError when the reply to
+    one of its own steps holds no number: the tool and the oracle disagree, which is a bug to see, not
+    a wrong answer to score.
     """
     steps: list[str] = task.meta["steps"]
-    results: list[str] = []
-    for call, observation in history:
-        if len(results) < len(steps) and call == _next_step(steps, results):
-            results.append(_read_result(observation))
+    results = _own_results(task, history)
     if len(results) == len(steps):
         answer = results[-1].strip("()")
         return ToolCall("answer", {"answer": answer.removesuffix(".0")})
-    return _next_step(steps, results)
+    return _next_step(task, results)
 
 
-def _next_step(steps: list[str], results: list[str]) -> ToolCall:
-    """The calculator call of step `len(results)`, earlier results substituted."""
-    expression = steps[len(results)].format(**{f"r{i}": value for i, value in enumerate(results)})
-    return ToolCall("calculator", {"expression": expression})
+def toolmath_rationale(task: Task, history: Sequence[tuple[ToolCall, str]]) -> str:
+    """Where the numbers of the oracle's next action come from: `earns $15.50, works 6` (each literal
+    with the word before it in the question), `step 1 gave 93` (an earlier result), or, before the
+    answer, the last result. Numbers the question does not state (`/ 100` for a percentage) are left
+    out. It plays the part `multihop_rationale` plays there: a small policy that writes the cue word
+    and then copies what follows it in the question picks the right number far more often than one
+    asked to choose among all of the question's numbers at once."""
+    steps: list[str] = task.meta["steps"]
+    results = _own_results(task, history)
+    if len(results) == len(steps):
+        return f"step {len(steps)} gave {results[-1].strip('()')}"
+    cues = _question_numbers(task.question)
+    parts = []
+    for match in _OPERAND.finditer(steps[len(results)]):
+        if match.group(1) is not None:
+            index = int(match.group(1))
+            parts.append(f"step {index + 1} gave {results[index].strip('()')}")
+        elif (cue := cues.get(Fraction(match.group(0)))) is not None:
+            parts.append(cue[0])
+    return ", ".join(parts)
+
+
+def _question_numbers(question: str) -> dict[Fraction, tuple[str, str]]:
+    """Per value stated in the question (first mention): (the word before it and the number as written,
+    the number alone as written), e.g. {Fraction(31, 2): ("earns $15.50", "15.50")}."""
+    found: dict[Fraction, tuple[str, str]] = {}
+    for match in _QUESTION_NUMBER.finditer(question):
+        found.setdefault(Fraction(match.group(3)), (f"{match.group(1)} {match.group(2)}", match.group(3)))
+    return found
+
+
+def _own_results(task: Task, history: Sequence[tuple[ToolCall, str]]) -> list[str]:
+    """The calculator's replies to the oracle's own steps, in order (other calls passed over)."""
+    steps: list[str] = task.meta["steps"]
+    results: list[str] = []
+    for call, observation in history:
+        if len(results) < len(steps) and call == _next_step(task, results):
+            results.append(_read_result(observation))
+    return results
+
+
+def _next_step(task: Task, results: list[str]) -> ToolCall:
+    """The calculator call of step `len(results)`: earlier results substituted, literals as the question writes them."""
+    written = {value: text for value, (_, text) in _question_numbers(task.question).items()}
+
+    def operand(match: re.Match[str]) -> str:
+        if match.group(1) is not None:
+            return results[int(match.group(1))]
+        return written.get(Fraction(match.group(0)), match.group(0))
+
+    return ToolCall("calculator", {"expression": _OPERAND.sub(operand, task.meta["steps"][len(results)])})
 
 
 def load(
@@ -295,5 +355,5 @@ def load(
             raise ValueError(f"toolmath {split} split holds {len(tasks)} tasks, asked for {num_tasks}; "
                              f"raise num_problems (now {num_problems})")
         tasks = tasks[:num_tasks]
-    return TaskSet(name="toolmath", tasks=tasks, oracle=toolmath_oracle,
+    return TaskSet(name="toolmath", tasks=tasks, oracle=toolmath_oracle, rationale=toolmath_rationale,
                    meta={"split": split, "seed": seed, "pool_size": len(pool)})

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import warnings
 from collections.abc import Callable
 
 from trace_rl.agent.tools import Tool, ToolInputError
@@ -67,7 +68,9 @@ def calculate(expression: str) -> str:
     if len(text) > MAX_EXPRESSION_CHARS:
         raise ToolInputError(f"expression too long ({len(text)} characters; at most {MAX_EXPRESSION_CHARS})")
     try:
-        tree = ast.parse(text, mode="eval")
+        with warnings.catch_warnings():  # model text like "5is 3" makes the parser warn on stderr; its error is enough
+            warnings.simplefilter("ignore", SyntaxWarning)
+            tree = ast.parse(text, mode="eval")
     except SyntaxError as exc:
         raise ToolInputError(f"not a valid expression: {exc.msg}") from None
     except (ValueError, RecursionError, MemoryError):
