@@ -48,8 +48,9 @@ def export(run_dir: Path, dest: Path, config_path: Path) -> dict:
         target = dest / run.relative_to(run_dir)
         target.mkdir(parents=True, exist_ok=True)
         for name in ("config.yaml", "metrics.jsonl", "code.json"):
-            if (run / name).is_file():
-                shutil.copyfile(run / name, target / name)
+            source, copy = run / name, target / name
+            if source.is_file() and not (copy.exists() and copy.samefile(source)):  # re-exporting from the copy itself
+                shutil.copyfile(source, copy)
     summary = summarise(dest, config)  # from the copies: the committed files reproduce the table
     (dest / "summary.json").write_text(json.dumps(summary, indent=1))
     (dest / "summary.md").write_text(summary_table(summary))

@@ -57,7 +57,8 @@ def test_reproduce_refuses_a_run_made_from_uncommitted_changes(tmp_path: Path) -
 
 def test_export_again_from_the_results_folders_own_config(tmp_path: Path) -> None:
     """Re-exporting a comparison that grew (a run finished) names the exported compare.yaml as its
-    config: copying it onto itself must not fail."""
+    config, and re-summarising an exported folder names it as the runs too: copying a file onto
+    itself must not fail."""
     from trace_rl.rundir import RunDir
 
     runs, dest = tmp_path / "runs", tmp_path / "results"
@@ -72,3 +73,6 @@ def test_export_again_from_the_results_folders_own_config(tmp_path: Path) -> Non
     summary = results.export(runs, dest, dest / "compare.yaml")
     assert summary["methods"]["grpo"]["seeds"] == 2
     assert (dest / "compare.yaml").read_text() == config.read_text()
+    (dest / "compare.yaml").write_text(config.read_text().replace("seeds: [0, 1]", "seeds: [0]"))
+    summary = results.export(dest, dest, dest / "compare.yaml")  # the summary again, from the exported runs themselves
+    assert summary["methods"]["grpo"]["seeds"] == 1
