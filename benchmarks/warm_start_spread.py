@@ -89,10 +89,10 @@ def main() -> None:
     eval_seconds = time.perf_counter() - begin
     greedy = None if args.no_greedy else per_question_success(parts, config, 2, temperature=0.0)
 
-    by, hops = difficulty(parts.test.tasks)
-    by_hops: dict[int, list[float]] = defaultdict(list)
-    for h, s in zip(hops, sampled):
-        by_hops[h].append(float(s))
+    by, groups = difficulty(parts.test.tasks)
+    by_group: dict[int, list[float]] = defaultdict(list)
+    for g, s in zip(groups, sampled):
+        by_group[g].append(float(s))
     counts = histogram(sampled)
     print(draw(counts, args.samples), file=sys.stderr)
     result = {
@@ -108,10 +108,10 @@ def main() -> None:
         "share_at_0": round(float(np.mean(sampled == 0.0)), 4),
         "share_at_1": round(float(np.mean(sampled == 1.0)), 4),
         "success_std_across_questions": round(float(sampled.std()), 4),
-        f"success_by_{by}": {str(h): round(float(np.mean(v)), 4) for h, v in sorted(by_hops.items())},
+        f"success_by_{by}": {str(g): round(float(np.mean(v)), 4) for g, v in sorted(by_group.items())},
         f"greedy_by_{by}": None
         if greedy is None
-        else {str(h): round(float(np.mean([g for g, hh in zip(greedy, hops) if hh == h])), 4) for h in sorted(by_hops)},
+        else {str(g): round(float(np.mean([x for x, gg in zip(greedy, groups) if gg == g])), 4) for g in sorted(by_group)},
         "sft_seconds": round(stats["sft/total_seconds"], 1),
         "sft_train_seconds": round(stats["sft/seconds"], 1),
         "sft_final_loss": round(stats["sft/final_loss"], 4),
