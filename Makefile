@@ -21,6 +21,10 @@ extras.venv-trl := agent,models,trl,dev
 extras.venv-ray := agent,models,ray,dev
 extras.venv-verl := agent,models,verl,dev
 
+# Test workers (pytest-xdist): each test runs torch on one thread (tests/conftest.py), so two workers
+# keep a 2-core machine busy; whole files go to one worker so module fixtures are built once.
+TEST_WORKERS ?= 2
+
 .PHONY: venv test test-slow test-trl test-ray test-verl demo compare bench clean
 
 $(STAMP) $(TRL_STAMP) $(RAY_STAMP) $(VERL_STAMP): %/.installed: pyproject.toml
@@ -35,7 +39,7 @@ venv: $(STAMP)
 
 test: $(STAMP)
 	@scripts/system_packages.sh bubblewrap chromium
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
