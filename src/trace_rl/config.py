@@ -287,6 +287,10 @@ class ModelConfig:
     preset nor a local model folder is refused when the config loads, instead of retrying a hub."""
     warm_start: bool = True
     """Fine-tune on scripted demonstrations first (cached by config hash); see `sft`."""
+    split_digits: bool = False
+    """`tiny` only: its tokenizer writes every digit as its own token, so numbers in questions and tool
+    replies are copied digit by digit (`toolmath`); off, the BPE merges frequent numbers, which is how
+    every multihop result so far was made."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = "cpu"
     engine: Literal["hf", "openai"] = "hf"
@@ -322,6 +326,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.name == "tiny" and not self.warm_start:
             raise FieldError("warm_start", self.warm_start, "true with name=tiny (an untrained tiny model cannot use the tools)")
+        if self.split_digits and self.name != "tiny":
+            raise FieldError("split_digits", self.split_digits, "false unless name=tiny (other models bring their own tokenizer)")
         if self.engine == "openai" and not self.server_urls:
             raise FieldError("engine", self.engine, "hf, or openai with server_urls naming its servers (e.g. ['http://127.0.0.1:8000'])")
         for index, url in enumerate(self.server_urls):

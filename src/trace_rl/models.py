@@ -84,6 +84,10 @@ class TinyConfig:
     max_position_embeddings: int = 4096
     min_frequency: int = 2
     """A BPE merge needs at least this many occurrences in the texts."""
+    split_digits: bool = False
+    """Every digit its own token, as Llama's and SmolLM2's tokenizers write numbers. Off, the BPE merges
+    frequent numbers into tokens that depend on what precedes them (` 1260` is one token after a space,
+    `12` `60` after a tag), so a number in a tool's reply cannot be copied token for token."""
 
 
 @dataclass(frozen=True)
@@ -180,19 +184,21 @@ def load_policy(
 # ---------------------------------------------------------------- tiny preset
 
 
-def build_tokenizer(texts: Iterable[str], *, vocab_size: int = 2048, min_frequency: int = 2) -> Any:
+def build_tokenizer(texts: Iterable[str], *, vocab_size: int = 2048, min_frequency: int = 2, split_digits: bool = False) -> Any:
     """A byte-level BPE trained on `texts`, as a `PreTrainedTokenizerFast` with a ChatML template.
 
     Any string encodes (the 256 bytes are in the alphabet). Ids 0-3 are `<|pad|>`, `<|endoftext|>`,
     `<|im_start|>` (BOS) and `<|im_end|>` (EOS, also the end of a chat turn); `PROTOCOL_TAGS` follow
     the trained vocabulary as non-special added tokens, so decoding always keeps them. Training is
-    deterministic: the same texts give the same tokenizer.
+    deterministic: the same texts give the same tokenizer. `split_digits`: see `TinyConfig`.
     """
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if split_digits:
+        core.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), core.pre_tokenizer])
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -229,7 +235,8 @@ def build_tiny(
     """
     text_list = list(texts or ())
     digest = hashlib.sha256()
-    digest.update(json.dumps({"v": _FORMAT_VERSION, "config": asdict(config), "seed": seed}, sort_keys=True).encode())
+    shape = {k: v for k, v in asdict(config).items() if (k, v) != ("split_digits", False)}  # keeps the folders made before it
+    digest.update(json.dumps({"v": _FORMAT_VERSION, "config": shape, "seed": seed}, sort_keys=True).encode())
     for text in text_list:
         digest.update(hashlib.sha256(text.encode("utf-8")).digest())
     root = Path(cache_dir) if cache_dir is not None else cache_root()
@@ -239,7 +246,7 @@ def build_tiny(
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tokenizer = build_tokenizer(text_list, vocab_size=config.vocab_size, min_frequency=config.min_frequency)
+    tokenizer = build_tokenizer(text_list, vocab_size=config.vocab_size, min_frequency=config.min_frequency, split_digits=config.split_digits)
     model_config = LlamaConfig(
         vocab_size=len(tokenizer),  # exactly: ids no text maps to would be sampled by an untrained model
         hidden_size=config.hidden_size,

@@ -354,7 +354,10 @@ def policy_source(
         return config.model.name
     if demos is None:
         demos = task_splits(config)[0]
-    return str(warm_start(config.model.name, demos, env or build_env(config, demos), config.sft, progress=progress))
+    from trace_rl.models import TinyConfig
+
+    tiny = TinyConfig(split_digits=True) if config.model.split_digits else None
+    return str(warm_start(config.model.name, demos, env or build_env(config, demos), config.sft, tiny=tiny, progress=progress))
 
 
 def evaluate_policy(config: RunConfig, run_dir: str | Path | None = None, *, samples: int | None = None) -> dict[str, Any]:

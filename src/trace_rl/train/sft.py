@@ -32,7 +32,7 @@ from trace_rl.agent.env import StepResult, ToolEnv
 from trace_rl.agent.protocol import ANSWER, TurnFormat
 from trace_rl.agent.types import OraclePolicy, Rationale, Task, TaskSet, ToolCall
 from trace_rl.config import MAX_SEED, check_choice, check_range
-from trace_rl.models import _atomic_folder, cache_root, load_policy, packed_token_logprobs, supports_packed, token_logprobs
+from trace_rl.models import TinyConfig, _atomic_folder, cache_root, load_policy, packed_token_logprobs, supports_packed, token_logprobs
 from trace_rl.rollout import encode_observation, encode_prompt
 from trace_rl.train.sequences import pad_right
 
@@ -207,6 +207,7 @@ def warm_start(
     env: ToolEnv,
     config: SFTConfig,
     *,
+    tiny: TinyConfig | None = None,
     cache_dir: str | Path | None = None,
     progress: Callable[[int, float], None] | None = None,
 ) -> Path:
@@ -215,7 +216,8 @@ def warm_start(
     `model` is a preset or a model folder (see `trace_rl.models.load_policy`). The cache key covers
     the model, the task set's name, size and first tasks, the env's turn limit, a transcript of one
     clean demonstration (so any change to the prompt, tools, `topk`, observation cuts or the
-    demonstrations' thoughts shows) and the config. The folder appears
+    demonstrations' thoughts shows), the config, and `tiny` (the tiny model's shape and tokenizer)
+    where it is not the default. The folder appears
     atomically, complete with `trace_rl_sft.json` (the recipe and its statistics), so a second call,
     in this process or another, returns at once. `progress(step, loss)` is called after every step.
     """
@@ -231,6 +233,7 @@ def warm_start(
             "transcript": hashlib.sha256(env_transcript(taskset, env).encode()).hexdigest(),
             # a field at its value from before it existed stays out, so the caches made then stay valid
             "config": {k: v for k, v in asdict(config).items() if (k, v) not in _BEFORE_FIELDS},
+            **({"tiny": asdict(tiny)} if tiny not in (None, TinyConfig()) else {}),
         }
     )
     target = root / f"sft-{key}"
@@ -239,7 +242,7 @@ def warm_start(
     seed = config.seed
 
     start = time.perf_counter()
-    policy, episodes, sequences = sft_inputs(model, taskset, env, config, cache_dir=root)
+    policy, episodes, sequences = sft_inputs(model, taskset, env, config, tiny=tiny, cache_dir=root)
     stats = train_sft(policy.model, sequences, config, seed=seed, progress=progress)
     stats.update(
         {
@@ -258,13 +261,15 @@ def warm_start(
     return target
 
 
-def sft_inputs(model: str, taskset: TaskSet, env: ToolEnv, config: SFTConfig, *, cache_dir: Path | None = None) -> tuple[Any, list[Episode], Sequences]:
+def sft_inputs(
+    model: str, taskset: TaskSet, env: ToolEnv, config: SFTConfig, *, tiny: TinyConfig | None = None, cache_dir: Path | None = None
+) -> tuple[Any, list[Episode], Sequences]:
     """What a warm start trains, before its first step: the starting policy (`tiny`: its tokenizer fitted
     to the corpus, questions and demonstrations, then `copy_ready_init`), the demonstrations, and their
     training sequences cut at `config.max_seq_len`."""
     episodes = demonstrations(taskset, env, config, seed=config.seed)
     texts = [p.text for p in taskset.corpus] + [t.question for t in taskset.tasks] + [e.context for e in episodes[:200]]
-    policy = load_policy(model, seed=config.seed, tokenizer_texts=texts if model == "tiny" else None, cache_dir=cache_dir)
+    policy = load_policy(model, seed=config.seed, tokenizer_texts=texts if model == "tiny" else None, tiny=tiny, cache_dir=cache_dir)
     if model == "tiny":
         copy_ready_init(policy.model, seed=config.seed)
     sequences = [episode_tokens(policy.tokenizer, env, e) for e in episodes]
