@@ -127,6 +127,7 @@ OUT_OF_RANGE: dict[str, list[str]] = {
 
 UNCONSTRAINED: dict[str, str] = {
     "model.download": "both values are settings (true only lets a hub id through)",
+    "model.split_digits": "both values are settings with the smoke config's tiny model; true with another model is refused (its own test)",
     "model.dtype": "a Literal: every choice is a setting; its wrong-type case is its only bad value",
     "task.format": "a Literal: every choice is a setting",
     "task.sandbox.isolation": "a Literal: every choice is a setting (an unusable one fails with its own one-line error)",
@@ -246,6 +247,11 @@ def test_a_bad_value_of_any_field_is_refused_in_one_line_naming_its_key_before_a
 def test_a_section_built_in_code_refuses_what_the_loader_refuses(build):
     with pytest.raises(FieldError):  # NaN is refused by the range check itself, not only by the YAML loader
         build()
+
+
+def test_split_digits_is_refused_for_a_model_that_brings_its_own_tokenizer():
+    with pytest.raises(FieldError, match="split_digits"):
+        load_config(RunConfig, SMOKE, ["model.name=smollm2-135m", "model.split_digits=true"])
 
 
 def test_a_cap_per_prompt_that_cannot_hold_stage_1_s_budget_is_refused():

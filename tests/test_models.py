@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,30 @@ def test_tokenizer_training_is_deterministic() -> None:
     first = build_tokenizer(TEXTS, vocab_size=400)
     second = build_tokenizer(TEXTS, vocab_size=400)
     assert first.backend_tokenizer.to_str() == second.backend_tokenizer.to_str()
+
+
+def test_split_digits_writes_a_number_as_the_same_tokens_whatever_precedes_it() -> None:
+    texts = ["step 1 gave 1260, so 1260 / 21 = 60", "<information>1260</information>"] * 20
+    merged = build_tokenizer(texts, vocab_size=400)
+    split = build_tokenizer(texts, vocab_size=400, split_digits=True)
+
+    def number(tokenizer, before: str) -> list[str]:
+        ids = tokenizer.encode(before + "1260", add_special_tokens=False)
+        return [tokenizer.decode([i]) for i in ids][-4:]
+
+    assert number(split, "gave ") == number(split, "<information>") == ["1", "2", "6", "0"]
+    assert number(merged, "gave ") != number(merged, "<information>")  # why the option exists
+    text = "<information>1260</information> step 1 gave 1260.5, 3 * 2.45"
+    assert split.decode(split.encode(text, add_special_tokens=False)) == text
+
+
+def test_split_digits_builds_its_own_tiny_and_leaves_the_default_folder_name_as_it_was(tmp_path: Path) -> None:
+    default = build_tiny(TEXTS, seed=3, config=SMALL, cache_dir=tmp_path)
+    split = build_tiny(TEXTS, seed=3, config=replace(SMALL, split_digits=True), cache_dir=tmp_path)
+    assert default.name == "tiny-53568fbf56b3c9a1"  # made before split_digits existed: old caches still hit
+    assert split != default
+    tokenizer = load_policy(split).tokenizer
+    assert [tokenizer.decode([i]) for i in tokenizer.encode("42", add_special_tokens=False)] == ["4", "2"]
 
 
 def test_tokenizer_encodes_protocol_tags_as_single_tokens() -> None:

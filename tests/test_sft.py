@@ -217,6 +217,18 @@ def test_warm_start_is_trained_once_and_reused_until_its_recipe_changes(tmp_path
     assert load_policy(folder).model.config.num_hidden_layers == TinyConfig().num_layers
 
 
+def test_a_split_digits_warm_start_is_cached_apart_and_its_policy_splits_digits(tmp_path):
+    train = load_taskset("toolmath", split="train", num_tasks=40)
+    env = build_env(RunConfig(), train)
+    config = SFTConfig(demos=8, steps=2, batch_size=4, warmup_steps=1)
+    merged = warm_start("tiny", train, env, config, cache_dir=tmp_path)
+    split = warm_start("tiny", train, env, config, tiny=TinyConfig(split_digits=True), cache_dir=tmp_path)
+    assert split != merged
+    assert warm_start("tiny", train, env, config, tiny=TinyConfig(), cache_dir=tmp_path) == merged  # the default keeps its key
+    tokenizer = load_policy(split).tokenizer
+    assert [tokenizer.decode([i]) for i in tokenizer.encode(" 3900", add_special_tokens=False)] == [" ", "3", "9", "0", "0"]
+
+
 def test_padded_warm_starts_keep_the_cache_key_they_had_before_packing(tmp_path, monkeypatch):
     """Caches made before `packing` existed were padded (and fp32): the key leaves those values out."""
     train = load_taskset("multihop", split="train", num_tasks=40)
