@@ -233,6 +233,42 @@ def test_toolmath_rationale_names_where_each_number_of_the_next_step_comes_from(
     ]
 
 
+def test_toolmath_errors_benchmark_classes_each_rollout_by_its_first_move_off_the_oracle(tm_train: TaskSet) -> None:
+    """benchmarks/toolmath_errors.py, on hand-made rollouts of "Ava buys 6 bags of rice at $1.30 each."
+    (6 * 1.30, then 7.8 * 50 / 100, then 10 - 3.9, answer 6.1)."""
+    from repo_files import load
+
+    from trace_rl.run import RunConfig, build_env
+    from trace_rl.tree import RolloutTree
+
+    errors = load("benchmarks/toolmath_errors.py")
+    task = next(t for t in tm_train.tasks if t.question.startswith("Ava buys 6 bags of rice at $1.30 each."))
+    env = build_env(RunConfig(), tm_train)
+    tree = RolloutTree.new(task.task_id, task.question)
+
+    def rollout(*actions: str) -> int:
+        node = 0
+        for action in actions:
+            tag, _, text = action.partition(":")
+            observation = calculate(text) if tag == "calculator" else ""
+            node = tree.add_turn(node, thought="Step", action=f"<{tag}> {text} </{tag}>", observation=observation)
+        return node
+
+    right = ["calculator:6 * 1.30", "calculator:7.8 * 50 / 100", "calculator:10 - 3.9"]
+    cases = {
+        rollout(*right, "answer:6.1"): ("solved", 4),
+        rollout(*right, "answer:6.2"): ("wrong_answer", 4),
+        rollout(right[0], "calculator:7.3 * 50 / 100"): ("wrong_earlier_result", 2),
+        rollout("calculator:6 * 1.50"): ("wrong_question_number", 1),
+        rollout(right[0], "calculator:7.8 * 50 / 10"): ("wrong_unstated_number", 2),
+        rollout("calculator:6 + 1.30"): ("structure", 1),
+        rollout(right[0], "search:rice"): ("other_action", 2),
+        rollout(*right[:2]): ("unfinished", 2),
+    }
+    for leaf, (kind, turn) in cases.items():
+        assert errors.first_error(task, tree, leaf, env)[:2] == (kind, turn)
+
+
 # --------------------------------------------------------------------------------------------------
 # reasoning-gym
 # --------------------------------------------------------------------------------------------------
