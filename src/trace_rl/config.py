@@ -288,9 +288,9 @@ class ModelConfig:
     warm_start: bool = True
     """Fine-tune on scripted demonstrations first (cached by config hash); see `sft`."""
     split_digits: bool = False
-    """`tiny` only: its tokenizer writes every digit as its own token, so numbers in questions and tool
-    replies are copied digit by digit (`toolmath`); off, the BPE merges frequent numbers, which is how
-    every multihop result so far was made."""
+    """`tiny` only: its tokenizer writes every digit as its own token, so a number is the same tokens in
+    a question, a thought and a tool reply (on `toolmath` it did not lift the warm start:
+    docs/results/warm_start_toolmath); off, the BPE merges frequent numbers, as every result so far."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = "cpu"
     engine: Literal["hf", "openai"] = "hf"
