@@ -34,6 +34,24 @@ def test_a_log_line_right_after_a_task_starts_states_no_rate_or_eta():
     assert log.getvalue().startswith("warm start: 1/1200  ?/s  elapsed 0:00  eta ?  loss=7.35")
 
 
+def test_a_resumed_warm_start_counts_its_rate_from_the_step_it_resumed_at():
+    import io
+
+    from rich.progress import Progress
+
+    from trace_rl.progress import Bars, warm_start_progress
+
+    log = io.StringIO()
+    with Progress(disable=True) as progress:
+        bars = Bars(progress, log=log, log_every_s=0.0)
+        on_step = warm_start_progress(bars, total=1200)
+        on_step(600, 0.5)  # the first step after a resume at 600
+        (state,) = bars._tasks.values()
+        assert state["first"] == 600  # the 600 steps before are not counted in this process's rate
+    assert log.getvalue().startswith("warm start: 601/1200  ?/s")
+    warm_start_progress(None, total=1200)(0, 1.0)  # no bars: nothing to report, no error
+
+
 def test_a_progress_line_names_a_comparison_run_by_its_row_not_its_method() -> None:
     from pathlib import Path
 

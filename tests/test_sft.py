@@ -264,6 +264,61 @@ def test_an_auto_precision_warm_start_is_bf16_only_where_it_was_measured_faster_
     assert autocasts == [native, native]
 
 
+class Killed(Exception):
+    pass
+
+
+def kill_at(at: int):
+    def progress(step: int, loss: float) -> None:
+        if step == at:
+            raise Killed
+
+    return progress
+
+
+def test_a_killed_sft_run_resumes_from_its_checkpoint_to_the_weights_of_an_uninterrupted_run(multihop, tmp_path):
+    sequences = [([5, 9, 14, 7, 30, 2, 11, 40], [0, 0, 1, 1, 0, 1, 1, 1]), ([8, 3, 11, 12], [0, 1, 1, 1]), ([6, 7, 8], [0, 1, 1])] * 3
+    config = SFTConfig(demos=1, steps=7, batch_size=2, lr=3e-3, warmup_steps=2)
+    whole = small_policy(multihop[0], tmp_path / "a").model
+    expected = train_sft(whole, sequences, config, seed=3)
+
+    checkpoint = tmp_path / "run.partial.pt"
+    with pytest.raises(Killed):  # killed after step 5 of 7: the checkpoint of step 4 is on disk
+        train_sft(small_policy(multihop[0], tmp_path / "b").model, sequences, config, seed=3, checkpoint=checkpoint, checkpoint_every=2, progress=kill_at(4))
+    seen: list[int] = []
+    resumed = small_policy(multihop[0], tmp_path / "c").model
+    stats = train_sft(resumed, sequences, config, seed=3, checkpoint=checkpoint, checkpoint_every=2, progress=lambda step, loss: seen.append(step))
+    assert seen == [4, 5, 6]
+    assert stats["sft/resumed_at_step"] == 4 and stats["sft/earlier_seconds"] > 0
+    assert stats["sft/final_loss"] == expected["sft/final_loss"] and stats["sft/first_loss"] == expected["sft/first_loss"]
+    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_a_killed_warm_start_continues_where_it_stopped_and_leaves_no_checkpoint_behind(tmp_path, monkeypatch):
+    monkeypatch.setattr(sft, "CHECKPOINT_EVERY", 2)
+    train = load_taskset("multihop", split="train", num_tasks=40)
+    env = build_env(RunConfig(), train)
+    config = SFTConfig(demos=8, steps=5, batch_size=4, warmup_steps=1)
+    with pytest.raises(Killed):
+        warm_start("tiny", train, env, config, cache_dir=tmp_path, progress=kill_at(2))
+    assert len(list(tmp_path.glob("sft-*.partial.pt"))) == 1 and not list(tmp_path.glob("sft-*/trace_rl_sft.json"))
+    steps: list[int] = []
+    folder = warm_start("tiny", train, env, config, cache_dir=tmp_path, progress=lambda step, loss: steps.append(step))
+    assert steps == [2, 3, 4]
+    assert sft_stats(folder)["sft/resumed_at_step"] == 2
+    assert not list(tmp_path.glob("sft-*.partial.pt"))
+
+
+def test_an_unreadable_warm_start_checkpoint_is_trained_over_with_a_warning(multihop, tmp_path):
+    checkpoint = tmp_path / "run.partial.pt"
+    checkpoint.write_bytes(b"cut short")
+    sequences = [([5, 9, 14, 7], [0, 1, 1, 1])] * 4
+    with pytest.warns(UserWarning, match="unreadable"):
+        stats = train_sft(small_policy(multihop[0], tmp_path).model, sequences, SFTConfig(demos=1, steps=2, batch_size=2, warmup_steps=1), checkpoint=checkpoint)
+    assert "sft/resumed_at_step" not in stats and stats["sft/steps"] == 2
+
+
 def test_a_bf16_warm_start_trains_fp32_weights_and_lowers_the_loss(multihop, tmp_path):
     policy = small_policy(multihop[0], tmp_path)
     sequences = [([5, 9, 14, 7, 30, 2, 11, 40], [0, 0, 1, 1, 0, 1, 1, 1]), ([8, 3, 11, 12], [0, 1, 1, 1])] * 4

@@ -172,7 +172,7 @@ def _resume_hint(run_dir: Path) -> str:
 def _compare(args: argparse.Namespace) -> int:
     from trace_rl.compare import CompareConfig, run_compare, summary_table
     from trace_rl.config import load_config
-    from trace_rl.progress import progress_bar
+    from trace_rl.progress import progress_bar, warm_start_progress
     from trace_rl.run import check_trainable, policy_source
     from trace_rl.train.trainer import StopRequest
 
@@ -184,8 +184,7 @@ def _compare(args: argparse.Namespace) -> int:
     try:
         if config.workers > 1:
             with _signals(), progress_bar() as bar:  # the shared warm start, made once before the runs fan out
-                task = bar.task("warm start", total=config.run.sft.steps)
-                policy_source(config.run, progress=lambda step, loss: bar.update(task, step + 1, {"loss": loss}))
+                policy_source(config.run, progress=warm_start_progress(bar, config.run.sft.steps))
             starts = f" after {len(config.seeds)} evaluations of the starting policy" if config.evaluate_start else ""
             print(f"training {len(config.methods) * len(config.seeds)} runs{starts}, {config.workers} at a time (finished ones are skipped); "
                   f"each run's progress is in its metrics.jsonl", file=sys.stderr)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
@@ -61,6 +61,21 @@ class Bars:
 def _clock(seconds: float) -> str:
     seconds = int(round(seconds))
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def warm_start_progress(bars: Bars | None, total: int) -> Callable[[int, float], None]:
+    """The `progress(step, loss)` callback of a warm start. Its bar appears at the first step trained,
+    so a cached warm start shows none, and counts from there, so a resumed one's rate is its own."""
+    tasks: list[TaskID] = []
+
+    def on_step(step: int, loss: float) -> None:
+        if bars is None:
+            return
+        if not tasks:
+            tasks.append(bars.task("warm start", total=total, completed=step))
+        bars.update(tasks[0], step + 1, {"loss": loss})
+
+    return on_step
 
 
 @contextmanager

@@ -441,16 +441,9 @@ def train_run(
     if (changed := folder.record_code()) is not None:
         warnings.warn(changed, RunDirWarning, stacklevel=2)
     folder.write_config(config)
-    sft_bar: list = []  # the warm-start bar appears only when a warm start is actually trained
+    from trace_rl.progress import warm_start_progress
 
-    def on_sft_step(step: int, loss: float) -> None:
-        if bar is None:
-            return
-        if not sft_bar:
-            sft_bar.append(bar.task("warm start", total=config.sft.steps))
-        bar.update(sft_bar[0], step + 1, {"loss": loss})
-
-    parts = build_parts(config, progress=on_sft_step)
+    parts = build_parts(config, progress=warm_start_progress(bar, config.sft.steps))
     trainer = build_trainer(config, parts, folder)
     if state is not None:
         trainer.restore(state)

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
@@ -40,6 +41,9 @@ _RECIPE_VERSION = 3  # bump when the recipe changes in a way the cache key does 
 
 _BEFORE_FIELDS = {("precision", "fp32"), ("packing", False)}
 """SFTConfig fields added after caches were made, at the value that reproduces those caches."""
+
+CHECKPOINT_EVERY = 50
+"""Steps between a warm start's checkpoints (about 2 minutes of a paper-regime warm start on 2 cores)."""
 
 Sequences = Sequence[tuple[list[int], list[int]]]
 """Training sequences: (token ids, loss mask) pairs, mask 1 on the policy's own tokens."""
@@ -220,6 +224,8 @@ def warm_start(
     where it is not the default. The folder appears
     atomically, complete with `trace_rl_sft.json` (the recipe and its statistics), so a second call,
     in this process or another, returns at once. `progress(step, loss)` is called after every step.
+    A killed warm start continues from its last checkpoint (`sft-<key>.partial.pt` beside the folder,
+    every `CHECKPOINT_EVERY` steps, removed once the folder is complete).
     """
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     config = replace(config, precision=resolved_precision(config.precision))
@@ -243,10 +249,12 @@ def warm_start(
 
     start = time.perf_counter()
     policy, episodes, sequences = sft_inputs(model, taskset, env, config, tiny=tiny, cache_dir=root)
-    stats = train_sft(policy.model, sequences, config, seed=seed, progress=progress)
+    partial = root / f"sft-{key}.partial.pt"
+    root.mkdir(parents=True, exist_ok=True)
+    stats = train_sft(policy.model, sequences, config, seed=seed, progress=progress, checkpoint=partial, checkpoint_every=CHECKPOINT_EVERY)
     stats.update(
         {
-            "sft/total_seconds": time.perf_counter() - start,
+            "sft/total_seconds": time.perf_counter() - start + stats.get("sft/earlier_seconds", 0.0),
             "sft/demo_success": float(np.mean([e.reward for e in episodes])),
             "sft/demo_turns": float(np.mean([e.num_turns for e in episodes])),
             "sft/demo_tokens": float(np.mean([len(ids) for ids, _ in sequences])),
@@ -258,6 +266,7 @@ def warm_start(
         policy.tokenizer.save_pretrained(tmp)
         record = {"model": model, "seed": seed, "config": asdict(config), "stats": stats}
         (tmp / "trace_rl_sft.json").write_text(json.dumps(record, indent=1))
+    partial.unlink(missing_ok=True)
     return target
 
 
@@ -434,6 +443,18 @@ def batch_loss(model: Any, batch: Sequences, *, packed: bool) -> tuple[torch.Ten
     return masked_nll(model, ids.to(device), attention.to(device), loss_mask.to(device)), ids.numel()
 
 
+def _read_checkpoint(path: Path, device: torch.device) -> dict[str, Any] | None:
+    """A warm start's checkpoint, or None where there is none or it cannot be read (with a warning: the
+    warm start then starts over, it does not fail). Data only, never code (`weights_only`)."""
+    if not path.exists():
+        return None
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except Exception as exc:  # a cut-short or foreign file
+        warnings.warn(f"warm start checkpoint {path} is unreadable ({exc}); training from step 0", stacklevel=3)
+        return None
+
+
 def train_sft(
     model: Any,
     sequences: Sequences,
@@ -441,8 +462,15 @@ def train_sft(
     *,
     seed: int = 0,
     progress: Callable[[int, float], None] | None = None,
+    checkpoint: Path | None = None,
+    checkpoint_every: int = 50,
 ) -> dict[str, float]:
-    """`config.steps` AdamW steps on the masked loss, linear warmup then cosine decay to 10% of `lr`."""
+    """`config.steps` AdamW steps on the masked loss, linear warmup then cosine decay to 10% of `lr`.
+
+    With `checkpoint`, the state (weights, optimiser, schedule, random state, losses) is written there
+    every `checkpoint_every` steps and training continues from it when the file exists, to the same
+    weights as an uninterrupted run: a paper-regime warm start takes 25-50 minutes on 2 cores, and a
+    killed one should not start over. The caller names the file by everything that shapes the run."""
     torch.manual_seed(seed)
     device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
@@ -458,12 +486,22 @@ def train_sft(
     packed = config.packing and supports_packed(model)
     bf16 = resolved_precision(config.precision) == "bf16"
     model.train()
-    losses, tokens = [], 0
+    losses: list[float] = []
+    tokens, first, before = 0, 0, 0.0
+    state = _read_checkpoint(checkpoint, device) if checkpoint is not None else None
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["torch_rng"])
+        first, tokens, before, losses = int(state["step"]), int(state["tokens"]), float(state["seconds"]), list(state["losses"])
+        for _ in range(first):  # the batch order is a pure function of the seed: replay it
+            next(batches)
     start = time.perf_counter()
     # A training batch (~3k tokens) splits well over cores: on 2 cores, 2 threads train ~1.7x faster
     # than the 1 thread that suits decoding (`model.cpu_threads`).
     with torch_threads(os.cpu_count() or torch.get_num_threads()):
-        for step in range(config.steps):
+        for step in range(first, config.steps):
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                 loss, size = batch_loss(model, [sequences[i] for i in next(batches)], packed=packed)
             tokens += size
@@ -473,13 +511,23 @@ def train_sft(
             optimizer.step()
             scheduler.step()
             losses.append(loss.item())
+            if checkpoint is not None and (step + 1) % checkpoint_every == 0 and step + 1 < config.steps:
+                state = {
+                    "step": step + 1, "tokens": tokens, "seconds": before + time.perf_counter() - start, "losses": losses,
+                    "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
+                }
+                torch.save(state, checkpoint.with_suffix(".tmp"))
+                os.replace(checkpoint.with_suffix(".tmp"), checkpoint)
             if progress is not None:
                 progress(step, losses[-1])
     model.eval()
     return {
         "sft/first_loss": losses[0],
         "sft/final_loss": float(np.mean(losses[-10:])),
-        "sft/seconds": time.perf_counter() - start,
+        "sft/seconds": before + time.perf_counter() - start,
         "sft/steps": float(config.steps),
         "sft/tokens": float(tokens),
+        # a resumed warm start says so: which step it continued from, and the training seconds before it
+        **({"sft/resumed_at_step": float(first), "sft/earlier_seconds": before} if first else {}),
     }
