@@ -52,6 +52,8 @@ OUT_OF_RANGE: dict[str, list[str]] = {
     "model.max_batch_size": ["0"],
     "model.prefix_cache_mb": ["-1"],
     "model.cpu_threads": ["0"],
+    "model.lora_rank": ["-1", "4097"],
+    "model.lora_alpha": ["0"],
     "task.name": ["nope", "rg:no_such_dataset", "file:/no/such/tasks.jsonl"],
     "task.train_tasks": ["0", "-1"],
     "task.demo_tasks": ["0", "-1"],

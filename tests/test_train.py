@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,13 +16,14 @@ from scripted_engine import ScriptedEngine, coin_flip_answers
 from trace_rl.agent.tasks import load_taskset
 from trace_rl.compare import CompareConfig, run_compare, write_start
 from trace_rl.config import ConfigError, load_config
-from trace_rl.models import TinyConfig, load_policy
+from trace_rl.models import TinyConfig, build_tiny, load_policy
 from trace_rl.rollout import TreeRolloutCollector
-from trace_rl.run import Parts, RunConfig, build_env, build_predictor, build_trainer
+from trace_rl.run import Parts, RunConfig, build_env, build_parts, build_predictor, build_trainer, lora_spec
 from trace_rl.rundir import RunDir
 from trace_rl.train.trainer import StopRequest, held_out_accuracy
 
 REPO = Path(__file__).resolve().parents[1]
+SMALL_TINY = TinyConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, vocab_size=512)
 TIMING = ("timing_s/",)
 
 
@@ -32,7 +34,7 @@ def scripted_parts(config: RunConfig, cache: Path) -> Parts:
     test = load_taskset("multihop", split="test", num_tasks=4, seed=0)
     env = build_env(config, train)
     texts = [p.text for p in train.corpus[:80]]
-    policy = load_policy("tiny", seed=config.seed, tokenizer_texts=texts, tiny=TinyConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, vocab_size=512), cache_dir=cache)
+    policy = load_policy("tiny", seed=config.seed, tokenizer_texts=texts, tiny=SMALL_TINY, cache_dir=cache, lora=lora_spec(config.model))
     engine = ScriptedEngine(policy.tokenizer, menu_for=coin_flip_answers([*train.tasks, *test.tasks]))
     predictor = build_predictor(config)
     collector = TreeRolloutCollector(engine, policy.tokenizer, env, predictor, config.rollout, seed=config.seed)
@@ -107,6 +109,36 @@ def test_resume_reaches_the_same_metrics_and_weights_as_an_unbroken_run(tmp_path
     assert metrics_without_timing(tmp_path / "broken") == metrics_without_timing(tmp_path / "unbroken")
     for a, b in zip(unbroken.model.parameters(), resumed.model.parameters()):
         assert torch.equal(a, b)
+
+
+def test_a_lora_run_trains_only_its_adapters_and_resumes_to_the_same_weights(tmp_path):
+    pytest.importorskip("peft")
+    cache = tmp_path / "cache"
+    config = small_config(steps=2, checkpoint_every=1)
+    config = replace(config, model=replace(config.model, lora_rank=4, lora_alpha=8))
+    parts = scripted_parts(config, cache)
+    before = {name: p.detach().clone() for name, p in parts.policy.model.named_parameters()}
+    trainer = build_trainer(config, parts, tmp_path / "run")
+    history = trainer.run()
+    assert any(m["actor/grad_norm"] > 0 for m in history)
+    after = dict(parts.policy.model.named_parameters())
+    moved = {name for name in before if not torch.equal(before[name], after[name])}
+    assert moved and all("lora_" in name for name in moved)
+    assert len(trainer.optimizer.param_groups[0]["params"]) == sum(p.requires_grad for p in after.values())
+
+    resumed = build_trainer(config, scripted_parts(config, cache), tmp_path / "run")
+    assert resumed.load_checkpoint() == 2
+    for name, p in resumed.model.named_parameters():
+        assert torch.equal(p, after[name]), name
+
+
+def test_model_lora_rank_puts_adapters_on_the_run_policy(tmp_path):
+    pytest.importorskip("peft")
+    folder = build_tiny(["Ana Berg studied at Oslo."] * 4, config=SMALL_TINY, cache_dir=tmp_path)
+    overrides = ["prompts_per_step=2", "task.train_tasks=8", "task.test_tasks=2", f"model.name={folder}", "model.warm_start=false", "model.lora_rank=2"]
+    parts = build_parts(load_config(RunConfig, None, overrides))
+    trainable = [name for name, p in parts.policy.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in name for name in trainable)
 
 
 def test_a_run_killed_with_sigkill_resumes_to_the_same_metrics(tmp_path):

@@ -291,6 +291,12 @@ class ModelConfig:
     """`tiny` only: its tokenizer writes every digit as its own token, so a number is the same tokens in
     a question, a thought and a tool reply (on `toolmath` it did not lift the warm start:
     docs/results/warm_start_toolmath); off, the BPE merges frequent numbers, as every result so far."""
+    lora_rank: int = 0
+    """LoRA adapters of this rank on the attention projections (`trace_rl.models.LoraSpec`, peft): RL
+    trains only them, so a real LM's update and optimiser state stay small on a CPU. 0: every weight
+    trains. The warm start, if any, trains every weight before the adapters are added."""
+    lora_alpha: int = 16
+    """LoRA scale numerator (the adapters' output is scaled by alpha / rank)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = "cpu"
     engine: Literal["hf", "openai"] = "hf"
@@ -344,6 +350,8 @@ class ModelConfig:
         check_range(self, "max_batch_size", ge=1)
         check_range(self, "prefix_cache_mb", ge=0, why="0: no prefix cache")
         check_range(self, "cpu_threads", ge=1)
+        check_range(self, "lora_rank", ge=0, le=4096, why="0: no adapters, every weight trains")
+        check_range(self, "lora_alpha", ge=1)
 
 
 @dataclass

@@ -251,7 +251,7 @@ def build_parts(config: RunConfig, *, progress: Callable[[int, float], None] | N
     env = build_env(config, train)
     model = config.model
     name = policy_source(config, demos, env, progress=progress)
-    policy = load_policy(name, seed=config.seed, dtype=model.dtype, device=model.device)
+    policy = load_policy(name, seed=config.seed, dtype=model.dtype, device=model.device, lora=lora_spec(model))
     check_context_room(config, policy.tokenizer, env, (train, test))
     engine = build_engine(model, policy)
     predictor = build_predictor(config)
@@ -287,9 +287,16 @@ def build_worker(config: RunConfig, policy_name: str) -> tuple[RolloutRunner, An
     if torch.device(model.device).type == "cuda":
         model = replace(model, device="cuda")  # Ray makes the actor's GPU its only visible one
     env = build_env(config, task_splits(config)[1])
-    policy = load_policy(policy_name, seed=config.seed, dtype=model.dtype, device=model.device)
+    policy = load_policy(policy_name, seed=config.seed, dtype=model.dtype, device=model.device, lora=lora_spec(model))
     engine = build_engine(model, policy)
     return RolloutRunner(engine, policy.tokenizer, env, config.rollout), policy.model if engine.accepts_weights else None
+
+
+def lora_spec(model: ModelConfig) -> Any:
+    """The `trace_rl.models.LoraSpec` of `model.lora_rank` (None: no adapters, every weight trains)."""
+    from trace_rl.models import LoraSpec
+
+    return LoraSpec(r=model.lora_rank, alpha=model.lora_alpha) if model.lora_rank else None
 
 
 def build_engine(model: ModelConfig, policy: Any) -> Engine:

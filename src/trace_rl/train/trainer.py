@@ -198,7 +198,8 @@ class Trainer:
         self.method = setup.method
         self.estimator = config.estimator(setup.method)
         self.model = setup.model
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapters only
+        self.optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
         self.reference = copy.deepcopy(self.model).eval() if config.kl_coef > 0 else None
         self.rng = np.random.default_rng(setup.seed + 1)
         self.step = 0
