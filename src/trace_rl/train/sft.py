@@ -35,6 +35,7 @@ from trace_rl.agent.types import OraclePolicy, Rationale, Task, TaskSet, ToolCal
 from trace_rl.config import MAX_SEED, check_choice, check_range
 from trace_rl.models import TinyConfig, _atomic_folder, cache_root, load_policy, packed_token_logprobs, supports_packed, token_logprobs
 from trace_rl.rollout import encode_observation, encode_prompt
+from trace_rl.rundir import atomic_write
 from trace_rl.train.sequences import pad_right
 
 _RECIPE_VERSION = 3  # bump when the recipe changes in a way the cache key does not see (3: copy_ready_init)
@@ -463,7 +464,7 @@ def train_sft(
     seed: int = 0,
     progress: Callable[[int, float], None] | None = None,
     checkpoint: Path | None = None,
-    checkpoint_every: int = 50,
+    checkpoint_every: int = CHECKPOINT_EVERY,
 ) -> dict[str, float]:
     """`config.steps` AdamW steps on the masked loss, linear warmup then cosine decay to 10% of `lr`.
 
@@ -517,8 +518,7 @@ def train_sft(
                     "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
                 }
-                torch.save(state, checkpoint.with_suffix(".tmp"))
-                os.replace(checkpoint.with_suffix(".tmp"), checkpoint)
+                atomic_write(checkpoint, lambda tmp: torch.save(state, tmp))
             if progress is not None:
                 progress(step, losses[-1])
     model.eval()
