@@ -42,13 +42,16 @@ def per_question_success(parts: Parts, config: RunConfig, samples: int, temperat
 
 
 def difficulty(tasks: list) -> tuple[str, list[int]]:
-    """What the success is broken down by: `multihop`'s hop count, or the number of calculator steps of a
-    `toolmath` problem."""
+    """What the success is broken down by: `multihop`'s hop count, the number of calculator steps of a
+    `toolmath` problem, or the terms of a reasoning-gym item that records them (`rg:chain_sum`)."""
     if all("hops" in task.meta for task in tasks):
         return "hops", [task.meta["hops"] for task in tasks]
     if all("steps" in task.meta for task in tasks):
         return "steps", [len(task.meta["steps"]) for task in tasks]
-    raise SystemExit("this benchmark breaks success down by multihop's hops or toolmath's steps; the task set has neither")
+    if all("num_terms" in task.meta.get("rg_entry", {}).get("metadata", {}) for task in tasks):
+        return "terms", [task.meta["rg_entry"]["metadata"]["num_terms"] for task in tasks]
+    raise SystemExit("this benchmark breaks success down by multihop's hops, toolmath's steps or a reasoning-gym "
+                     "item's num_terms; the task set has none of them")
 
 
 def histogram(success: np.ndarray) -> list[int]:

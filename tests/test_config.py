@@ -110,6 +110,23 @@ def test_a_demonstration_split_is_disjoint_from_rl_training_and_the_test_split()
         load_config(RunConfig, None, ["task.demo_tasks=0"])
 
 
+def test_task_options_reach_the_loader_and_unknown_ones_are_refused_when_the_config_loads():
+    from trace_rl.run import RunConfig, load_tasks
+
+    pytest.importorskip("reasoning_gym")
+    config = load_config(RunConfig, None, ["task.name=rg:chain_sum", "task.options={min_terms: 5, max_terms: 5, pool_size: 50}"])
+    tasks = load_tasks(config.task, "train", None).tasks
+    assert 30 <= len(tasks) <= 50  # the pool of 50, less its test share
+    assert {t.meta["rg_entry"]["metadata"]["num_terms"] for t in tasks} == {5}
+    with pytest.raises(ConfigError, match="task.options must be options of rg:chain_sum: .*; did you mean 'max_terms'"):
+        load_config(RunConfig, None, ["task.name=rg:chain_sum", "task.options={max_term: 4}"])
+    with pytest.raises(ConfigError, match="task.options must be options of multihop: cities, .*num_questions"):
+        load_config(RunConfig, None, ["task.options={pool_size: 4}"])
+    refused = load_config(RunConfig, None, ["task.name=rg:chain_sum", "task.options={min_terms: 0}"])
+    with pytest.raises(ConfigError, match=r"task.name='rg:chain_sum' with task.options=\{'min_terms': 0\} \(train split\): min_terms must be positive"):
+        load_tasks(refused.task, "train", 10)  # a value the dataset refuses: when the tasks load, before any model
+
+
 @pytest.mark.parametrize("name", sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "configs" / "gpu").glob("*.yaml")))
 def test_gpu_recipe_configs_load_with_only_what_this_machine_lacks_replaced(name):
     """The GPU recipes' every key is known and every value accepted; only what needs that machine (a

@@ -63,6 +63,7 @@ OUT_OF_RANGE: dict[str, list[str]] = {
     "task.max_observation_chars": ["0"],
     "task.search_url": ["localhost:8000", "ftp://host"],
     "task.seed": ["-1"],
+    "task.options": ["{no_such_option: 1}", "[1, 2]"],
     "task.sandbox.python": ["python3"],
     "sft.demos": ["0"],
     "sft.mistake_prob": ["-0.1", "1"],

@@ -302,6 +302,18 @@ def test_reasoning_gym_splits_are_disjoint_and_prefix_stable() -> None:
         load_taskset("rg:chain_summ")
 
 
+def test_option_names_are_what_each_loader_takes_without_loading_it() -> None:
+    from trace_rl.agent.tasks import option_names
+
+    assert option_names("toolmath") == ["num_problems", "test_fraction"]
+    assert {"num_questions", "people", "twin_fraction"} <= set(option_names("multihop"))
+    assert option_names("file:anything.jsonl") == ["format", "scorer", "tools"]
+    pytest.importorskip("reasoning_gym")
+    assert option_names("rg:chain_sum") == ["allow_negation", "max_digits", "max_terms", "min_digits", "min_terms", "pool_size", "test_fraction", "tools"]
+    taskset = load_taskset("rg:chain_sum", num_tasks=5, min_digits=3, max_digits=3)
+    assert all(t.meta["rg_entry"]["metadata"]["num_digits"] == 3 for t in taskset.tasks)
+
+
 @pytest.mark.parametrize("dataset", ["basic_arithmetic", "chain_sum"])
 def test_reasoning_gym_expression_oracle_solves_through_the_calculator(dataset: str) -> None:
     pytest.importorskip("reasoning_gym")

@@ -395,6 +395,11 @@ class TaskConfig:
     """A Search-R1 / verl retrieval server instead of the local BM25 index."""
     seed: int = 0
     """Seed of the generated task world (independent of the run seed)."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Options of the task set's loader (`load_taskset(name, **options)`), e.g. `{pool_size: 3000,
+    max_terms: 4}` for `rg:chain_sum`, `{num_questions: 4000}` for `multihop`. Their names are checked
+    against the loader's when the config loads (`trace_rl.agent.tasks.option_names`); their values
+    when the tasks load, before any model."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
     def __post_init__(self) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 
 from trace_rl.agent.env import ToolEnv
 from trace_rl.agent.scoring import score
-from trace_rl.agent.tasks import TASKSETS, available_tasksets, load_taskset
+from trace_rl.agent.tasks import TASKSETS, available_tasksets, load_taskset, option_names
 from trace_rl.agent.types import TaskSet
 from trace_rl.config import (
     MAX_SEED,
@@ -79,6 +79,7 @@ class RunConfig:
         except FieldError as exc:
             raise exc.under("train.") from exc
         check_task_name(self.task.name)
+        check_task_options(self.task)
         check_model(self.model)
 
 
@@ -124,6 +125,17 @@ def check_task_name(name: str) -> None:
         return
     close = difflib.get_close_matches(name, list(TASKSETS), n=1)
     raise FieldError("task.name", name, "one of " + ", ".join(available_tasksets()), f"; did you mean {close[0]!r}?" if close else "")
+
+
+def check_task_options(task: TaskConfig) -> None:
+    """FieldError unless every key of `task.options` is an option of `task.name`'s loader."""
+    if not task.options:
+        return
+    known = option_names(task.name)
+    if unknown := sorted(set(task.options) - set(known)):
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise FieldError("task.options", task.options, f"options of {task.name}: {', '.join(known) or 'none'}", hint)
 
 
 def check_model(model: ModelConfig) -> None:
@@ -322,12 +334,14 @@ def build_engine(model: ModelConfig, policy: Any) -> Engine:
 
 
 def load_tasks(task: TaskConfig, split: str, num_tasks: int | None) -> TaskSet:
-    """`load_taskset` for the run's task set. A loader's refusal (a missing package, fewer tasks than
-    asked for, a malformed task file) is about the config, so it becomes a ConfigError naming task.name."""
+    """`load_taskset` for the run's task set, with `task.options`. A loader's refusal (a missing package,
+    fewer tasks than asked for, a malformed task file, an option value it does not take) is about the
+    config, so it becomes a ConfigError naming task.name and the options."""
     try:
-        return load_taskset(task.name, split=split, num_tasks=num_tasks, seed=task.seed)
-    except (ImportError, OSError, ValueError) as exc:
-        raise ConfigError(f"task.name={task.name!r} ({split} split): {exc}") from exc
+        return load_taskset(task.name, split=split, num_tasks=num_tasks, seed=task.seed, **task.options)
+    except (ImportError, OSError, ValueError, TypeError, AssertionError) as exc:  # reasoning-gym validates with assert
+        options = f" with task.options={task.options!r}" if task.options else ""
+        raise ConfigError(f"task.name={task.name!r}{options} ({split} split): {exc or type(exc).__name__}") from exc
 
 
 def task_splits(config: RunConfig) -> tuple[TaskSet, TaskSet]:

@@ -22,6 +22,7 @@ Unknown names raise ValueError with the closest known name.
 from __future__ import annotations
 
 import difflib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +43,21 @@ PREFIXES = ("rg:", "file:")
 def available_tasksets() -> list[str]:
     """Every name `load_taskset` accepts, with the parameterised forms written as patterns."""
     return [*TASKSETS, "rg:<dataset>", "file:<path>"]
+
+
+def option_names(name: str) -> list[str]:
+    """The options `load_taskset(name, **options)` passes on and its loader knows, found without loading
+    anything: the loader's own keyword parameters, `multihop`'s world options, or an `rg:` dataset's
+    config fields. `name` must be one `load_taskset` accepts."""
+    if name.startswith("rg:"):
+        from trace_rl.agent.tasks import reasoning_gym
+
+        return reasoning_gym.option_names(name[len("rg:"):])
+    loader = loaders.load_file if name.startswith("file:") else TASKSETS[name]
+    names = [p.name for p in inspect.signature(loader).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    if name == "multihop":
+        names += list(multihop.WorldConfig.__dataclass_fields__)
+    return sorted(set(names) - {"split", "num_tasks", "seed"})
 
 
 def load_taskset(
@@ -72,4 +88,4 @@ def load_taskset(
     return TASKSETS[name](split=split, num_tasks=num_tasks, seed=seed, **options)
 
 
-__all__ = ["PREFIXES", "TASKSETS", "available_tasksets", "load_taskset"]
+__all__ = ["PREFIXES", "TASKSETS", "available_tasksets", "load_taskset", "option_names"]

@@ -19,6 +19,7 @@ same whatever `num_tasks` or `pool_size` is asked for.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -44,6 +45,16 @@ def dataset_names() -> list[str]:
     from reasoning_gym.factory import DATASETS
 
     return sorted(DATASETS)
+
+
+def option_names(dataset: str) -> list[str]:
+    """The options `load` takes for `dataset`: its own, and the fields of the dataset's config
+    (reasoning-gym's `DATASETS` registry) other than `seed` and `size`, which `load` sets."""
+    from reasoning_gym.factory import DATASETS
+
+    _, config_class = DATASETS[dataset]
+    fields = [f.name for f in dataclasses.fields(config_class)]  # every registered config is a dataclass
+    return sorted({"test_fraction", "pool_size", "tools", *fields} - {"seed", "size"})
 
 
 def _in_test(question: str, test_fraction: float) -> bool:
