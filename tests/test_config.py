@@ -127,6 +127,18 @@ def test_task_options_reach_the_loader_and_unknown_ones_are_refused_when_the_con
         load_tasks(refused.task, "train", 10)  # a value the dataset refuses: when the tasks load, before any model
 
 
+def test_a_loader_refusal_without_a_message_is_named_by_its_type(monkeypatch):
+    import trace_rl.run
+    from trace_rl.run import RunConfig, load_tasks
+
+    def bare_assert(*args, **kwargs):
+        raise AssertionError
+
+    monkeypatch.setattr(trace_rl.run, "load_taskset", bare_assert)
+    with pytest.raises(ConfigError, match=r"\(train split\): AssertionError$"):
+        load_tasks(load_config(RunConfig, None, []).task, "train", 10)
+
+
 @pytest.mark.parametrize("name", sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "configs" / "gpu").glob("*.yaml")))
 def test_gpu_recipe_configs_load_with_only_what_this_machine_lacks_replaced(name):
     """The GPU recipes' every key is known and every value accepted; only what needs that machine (a

@@ -341,7 +341,7 @@ def load_tasks(task: TaskConfig, split: str, num_tasks: int | None) -> TaskSet:
         return load_taskset(task.name, split=split, num_tasks=num_tasks, seed=task.seed, **task.options)
     except (ImportError, OSError, ValueError, TypeError, AssertionError) as exc:  # reasoning-gym validates with assert
         options = f" with task.options={task.options!r}" if task.options else ""
-        raise ConfigError(f"task.name={task.name!r}{options} ({split} split): {exc or type(exc).__name__}") from exc
+        raise ConfigError(f"task.name={task.name!r}{options} ({split} split): {str(exc) or type(exc).__name__}") from exc
 
 
 def task_splits(config: RunConfig) -> tuple[TaskSet, TaskSet]:
