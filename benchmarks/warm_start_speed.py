@@ -3,6 +3,7 @@
     python benchmarks/warm_start_speed.py                 # 150 steps per variant, the demo's recipe
     python benchmarks/warm_start_speed.py --steps 40      # quicker, noisier
     python benchmarks/warm_start_speed.py sft.demos=1000  # run-config overrides, key=value
+    python benchmarks/warm_start_speed.py --variants packed --steps 30   # one variant: a CPU's step rate
 
 Each variant trains the `tiny` policy from the same copy-ready init on the same batches of the run's
 real demonstrations (`trace_rl.train.sft`: `sft_inputs`, `length_batches`), the steps `train_sft`
@@ -74,19 +75,38 @@ def run_variant(name: str, overrides: list[str], steps: int, warmup: int) -> dic
     }
 
 
+def matmul_gflops(size: int = 512, reps: int = 50) -> float:
+    """fp32 matrix-product rate on all cores: what a compute-bound fp32 step can reach on this CPU."""
+    import torch
+
+    from trace_rl.train.sft import torch_threads
+
+    with torch_threads(os.cpu_count() or 1):
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        for _ in range(3):
+            a @ b
+        begin = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        return 2 * size**3 * reps / (time.perf_counter() - begin) / 1e9
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=150, help="timed steps per variant")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
+                        help="which variants to time (ratios need `padded`)")
     parser.add_argument("overrides", nargs="*", help="run config overrides, key=value")
     args = parser.parse_args()
     results = {}
-    for name in VARIANTS:
+    for name in args.variants:
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             results[name] = pool.submit(run_variant, name, args.overrides, args.steps, args.warmup).result()
-    base = results["padded"]["seconds_per_step"]
-    for result in results.values():
-        result["speedup_over_padded_fp32"] = round(base / result["seconds_per_step"], 3)
+    if "padded" in results:
+        base = results["padded"]["seconds_per_step"]
+        for result in results.values():
+            result["speedup_over_padded_fp32"] = round(base / result["seconds_per_step"], 3)
     import torch
 
     print(json.dumps({
@@ -95,7 +115,10 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "avx512_bf16": bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()),
         "amx_tile": bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()),
-        "packed_loss_minus_padded": results["packed"]["first_loss"] - results["padded"]["first_loss"],
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "matmul_gflops_fp32": round(matmul_gflops(), 1),
+        **({"packed_loss_minus_padded": results["packed"]["first_loss"] - results["padded"]["first_loss"]}
+           if {"packed", "padded"} <= results.keys() else {}),
         "variants": results,
     }))
 
