@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from hardware import matmul_gflops
 from trace_rl.config import load_config
 from trace_rl.run import RunConfig, build_parts, build_trainer
 
@@ -95,14 +96,7 @@ def decode_bound(config: RunConfig, batch: int = 64, prompt: int = 256, new: int
         timings["bare"].append(bare())
     ours_s, bare_s = min(timings["ours"]), min(timings["bare"])
 
-    size = 512
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    for _ in range(3):
-        a @ b
-    begin, reps = time.perf_counter(), 50
-    for _ in range(reps):
-        a @ b
-    flops = 2 * size**3 * reps / (time.perf_counter() - begin)
+    flops = matmul_gflops() * 1e9
     params_count = sum(p.numel() for p in model.parameters())
     tokens = batch * (prompt + new)
     return {

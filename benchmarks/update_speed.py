@@ -34,6 +34,8 @@ from types import SimpleNamespace
 
 import torch
 
+from hardware import cpu_flags
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -340,10 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.dense_mask:
         result["dense_mask_fp32"] = dense_mask_check(model, sequences, temperature=temperature, max_len=max_len, repeat=args.repeat)
 
-    native = {
-        "avx512_bf16": bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()),
-        "amx_tile": bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()),
-    }
+    flags = cpu_flags()
+    native = {name: flags[name] for name in ("avx512_bf16", "amx_tile")}
     if not args.no_bf16:
         bf16 = timed_updates(model, config, sequences, precision="bf16", repeat=args.repeat)
         bf_leaf = logprobs(model, sequences, packed=False, temperature=temperature, max_len=max_len, dtype=torch.bfloat16)

@@ -75,22 +75,6 @@ def run_variant(name: str, overrides: list[str], steps: int, warmup: int) -> dic
     }
 
 
-def matmul_gflops(size: int = 512, reps: int = 50) -> float:
-    """fp32 matrix-product rate on all cores: what a compute-bound fp32 step can reach on this CPU."""
-    import torch
-
-    from trace_rl.train.sft import torch_threads
-
-    with torch_threads(os.cpu_count() or 1):
-        a, b = torch.randn(size, size), torch.randn(size, size)
-        for _ in range(3):
-            a @ b
-        begin = time.perf_counter()
-        for _ in range(reps):
-            a @ b
-        return 2 * size**3 * reps / (time.perf_counter() - begin) / 1e9
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=150, help="timed steps per variant")
@@ -107,16 +91,14 @@ def main() -> None:
         base = results["padded"]["seconds_per_step"]
         for result in results.values():
             result["speedup_over_padded_fp32"] = round(base / result["seconds_per_step"], 3)
-    import torch
+    from hardware import cpu_flags, matmul_gflops
 
     print(json.dumps({
         "bench": "warm_start_speed",
         "steps": args.steps,
         "cpus": os.cpu_count(),
-        "avx512_bf16": bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()),
-        "amx_tile": bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "matmul_gflops_fp32": round(matmul_gflops(), 1),
+        **cpu_flags(),
+        "matmul_gflops_fp32": round(matmul_gflops(threads=os.cpu_count()), 1),
         **({"packed_loss_minus_padded": results["packed"]["first_loss"] - results["padded"]["first_loss"]}
            if {"packed", "padded"} <= results.keys() else {}),
         "variants": results,

@@ -1,0 +1,41 @@
+"""What this CPU can do, for the benchmarks' JSON: its vector extensions as torch sees them and its
+measured fp32 matrix-product rate. Speed figures differ by 3x between the machines here (AVX2 only,
+AVX512, AVX512-BF16, AMX), so every speed benchmark prints these beside its timings.
+
+Imported by the benchmarks beside it (`from hardware import ...`: a script's folder is on its path).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def cpu_flags() -> dict[str, object]:
+    """Native bf16 (AVX512-BF16, AMX tiles) and the widest vector code torch dispatches to."""
+    def has(name: str) -> bool:
+        return bool(getattr(torch.cpu, name, lambda: False)())
+
+    return {
+        "avx512_bf16": has("_is_avx512_bf16_supported"),
+        "amx_tile": has("_is_amx_tile_supported"),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
+
+
+def matmul_gflops(size: int = 512, reps: int = 50, threads: int | None = None) -> float:
+    """fp32 `size` x `size` matrix products per second, in GFLOP/s, on `threads` threads (default:
+    torch's current count): what a compute-bound fp32 step can reach on this CPU."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        for _ in range(3):
+            a @ b
+        begin = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        return 2 * size**3 * reps / (time.perf_counter() - begin) / 1e9
+    finally:
+        torch.set_num_threads(before)
