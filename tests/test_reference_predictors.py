@@ -55,3 +55,23 @@ def test_the_census_also_judges_every_prefix_estimate_against_the_rollouts_throu
     assert figures["predictor/brier_census"] == pytest.approx((0.25 + 0.81 + 0.01) / 3)
     refs = ReferencePredictors()
     assert refs.score([tree])["predictor/brier_constant_census"] == pytest.approx(0.25)
+
+
+def test_the_step_brier_carries_a_standard_error_over_prompts_worked_by_hand():
+    import numpy as np
+
+    from trace_rl.metrics import brier_standard_error, predictor_metrics
+
+    # errors (p - y)^2: prompt a 0.25, 0.25; prompt b 0.04, 0.04, 0.64; Brier 1.22 / 5 = 0.244
+    figures = predictor_metrics([_tree("a", [1.0, 1.0], predicted=0.5), _tree("b", [0.0, 0.0, 1.0], predicted=0.2)])
+    assert figures["predictor/brier"] == pytest.approx(0.244)
+    # each prompt's residual sum: 0.5 - 2 x 0.244 = 0.012 and 0.72 - 3 x 0.244 = -0.012;
+    # variance 2 / (2 - 1) x (0.012^2 + 0.012^2) / 5^2
+    assert figures["predictor/brier_se"] == pytest.approx(np.sqrt(2 * 2 * 0.012**2 / 25))
+    # one pair a cluster: the textbook standard error of a mean, sample sd / sqrt(n)
+    p, y = np.array([0.1, 0.7, 0.4, 0.9]), np.array([0.0, 1.0, 1.0, 0.0])
+    errors = (p - y) ** 2
+    assert brier_standard_error(p, y, np.arange(4)) == pytest.approx(errors.std(ddof=1) / 2)
+    # one prompt: no spread across prompts to read, so no figure
+    assert brier_standard_error(p, y, np.zeros(4)) is None
+    assert "predictor/brier_se" not in predictor_metrics([_tree("a", [1.0, 0.0])])

@@ -127,26 +127,47 @@ def scored_estimates(trees: Sequence[RolloutTree], *, census: bool = False) -> l
     return scored
 
 
-def allocator_outcomes(trees: Sequence[RolloutTree], *, census: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """(estimate, outcome) arrays of `scored_estimates`."""
+def allocator_outcomes(
+    trees: Sequence[RolloutTree], *, census: bool = False, with_trees: bool = False
+) -> tuple[np.ndarray, ...]:
+    """(estimate, outcome) arrays of `scored_estimates`, and with `with_trees` the tree index of each."""
     scored = scored_estimates(trees, census=census)
     predicted = [trees[index].nodes[node].predicted for index, node, _ in scored]
-    return np.array(predicted, dtype=np.float64), np.array([y for *_, y in scored], dtype=np.float64)
+    arrays = np.array(predicted, dtype=np.float64), np.array([y for *_, y in scored], dtype=np.float64)
+    return (*arrays, np.array([index for index, *_ in scored], dtype=np.int64)) if with_trees else arrays
+
+
+def brier_standard_error(p: np.ndarray, y: np.ndarray, clusters: np.ndarray) -> float | None:
+    """Standard error of a Brier score (the mean of (p - y)²) over pairs that come in `clusters`
+    (one per prompt: its rollouts share the prompt and their prefixes, so they are not independent);
+    None with fewer than two clusters. The cluster-robust variance of a mean, with the G / (G - 1)
+    small-sample factor: a step's Brier is a mean over ~64 rollouts of ~30 prompts, and whether one
+    above 0.25 is a broken predictor or a noisy step is read against this."""
+    groups, index = np.unique(clusters, return_inverse=True)
+    if groups.size < 2:
+        return None
+    errors = (np.asarray(p, dtype=np.float64) - np.asarray(y, dtype=np.float64)) ** 2
+    residual_sums = np.bincount(index, weights=errors - errors.mean(), minlength=groups.size)
+    variance = groups.size / (groups.size - 1) * np.sum(residual_sums**2) / errors.size**2
+    return float(np.sqrt(variance))
 
 
 def predictor_metrics(trees: Sequence[RolloutTree]) -> dict[str, float]:
-    """`predictor/brier` and `predictor/ece` of the allocator's estimates against the outcomes of the
-    rollouts started where they were made, and `predictor/brier_census` over every estimate against
+    """`predictor/brier` (with its standard error over prompts, `predictor/brier_se`) and
+    `predictor/ece` of the allocator's estimates against the outcomes of the rollouts started where
+    they were made, and `predictor/brier_census` over every estimate against
     the outcomes it is about to learn from (`scored_estimates`); {} when no rollout had an estimate.
 
     A constant 0.5 scores a Brier of 0.25: a predictor above that is worse than no predictor.
     """
-    p, y = allocator_outcomes(trees)
+    p, y, tree_of = allocator_outcomes(trees, with_trees=True)
     if not p.size:
         return {}
     census_p, census_y = allocator_outcomes(trees, census=True)
+    se = brier_standard_error(p, y, tree_of)
     return {
         "predictor/brier": brier_score(p, y),
+        **({"predictor/brier_se": se} if se is not None else {}),
         "predictor/ece": expected_calibration_error(p, y),
         "predictor/rollouts_scored": float(p.size),
         "predictor/brier_census": brier_score(census_p, census_y),
