@@ -11,25 +11,19 @@ import time
 
 import torch
 
+from trace_rl.train.sft import native_bf16, torch_threads
+
 
 def cpu_flags() -> dict[str, object]:
-    """Native bf16 (AVX512-BF16, AMX tiles) and the widest vector code torch dispatches to."""
-    def has(name: str) -> bool:
-        return bool(getattr(torch.cpu, name, lambda: False)())
-
-    return {
-        "avx512_bf16": has("_is_avx512_bf16_supported"),
-        "amx_tile": has("_is_amx_tile_supported"),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-    }
+    """Native bf16 (AVX512-BF16, AMX tiles: what `sft.precision: auto` decides by) and the widest
+    vector code torch dispatches to."""
+    return {**native_bf16(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def matmul_gflops(size: int = 512, reps: int = 50, threads: int | None = None) -> float:
     """fp32 `size` x `size` matrix products per second, in GFLOP/s, on `threads` threads (default:
     torch's current count): what a compute-bound fp32 step can reach on this CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads or before)
-    try:
+    with torch_threads(threads or torch.get_num_threads()):
         a, b = torch.randn(size, size), torch.randn(size, size)
         for _ in range(3):
             a @ b
@@ -37,5 +31,3 @@ def matmul_gflops(size: int = 512, reps: int = 50, threads: int | None = None) -
         for _ in range(reps):
             a @ b
         return 2 * size**3 * reps / (time.perf_counter() - begin) / 1e9
-    finally:
-        torch.set_num_threads(before)

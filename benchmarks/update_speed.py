@@ -34,7 +34,7 @@ from types import SimpleNamespace
 
 import torch
 
-from hardware import cpu_flags
+from trace_rl.train.sft import native_bf16
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -342,8 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dense_mask:
         result["dense_mask_fp32"] = dense_mask_check(model, sequences, temperature=temperature, max_len=max_len, repeat=args.repeat)
 
-    flags = cpu_flags()
-    native = {name: flags[name] for name in ("avx512_bf16", "amx_tile")}
+    native = native_bf16()
     if not args.no_bf16:
         bf16 = timed_updates(model, config, sequences, precision="bf16", repeat=args.repeat)
         bf_leaf = logprobs(model, sequences, packed=False, temperature=temperature, max_len=max_len, dtype=torch.bfloat16)

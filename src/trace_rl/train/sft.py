@@ -104,6 +104,15 @@ class SFTConfig:
         check_choice(self, "precision", ("auto", "fp32", "bf16"))
 
 
+def native_bf16() -> dict[str, bool]:
+    """Whether this CPU runs bf16 natively, as torch sees it: AVX512-BF16 instructions and AMX tiles
+    (read at each call, so a test can stand in for another CPU)."""
+    def has(name: str) -> bool:
+        return bool(getattr(torch.cpu, name, lambda: False)())
+
+    return {"avx512_bf16": has("_is_avx512_bf16_supported"), "amx_tile": has("_is_amx_tile_supported")}
+
+
 def resolved_precision(precision: str) -> str:
     """`fp32` or `bf16`: the warm start's precision on this machine (it trains on the CPU). `auto` is
     bf16 on a CPU with AVX512-BF16 and without AMX (measured 1.33x faster), else fp32 (with AMX,
@@ -111,9 +120,8 @@ def resolved_precision(precision: str) -> str:
     is emulated)."""
     if precision != "auto":
         return precision
-    def has(name: str) -> bool:
-        return bool(getattr(torch.cpu, name, lambda: False)())
-    return "bf16" if has("_is_avx512_bf16_supported") and not has("_is_amx_tile_supported") else "fp32"
+    native = native_bf16()
+    return "bf16" if native["avx512_bf16"] and not native["amx_tile"] else "fp32"
 
 
 # ---------------------------------------------------------------- demonstrations
