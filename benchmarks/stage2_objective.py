@@ -9,7 +9,10 @@ trains) twice on the same worlds and prompts, once per objective, for `trace` wi
 predictor and `trace@oracle` (true probabilities), and prints both objectives' figures side by side
 with their ratio (prompt / anchor); `grpo` is the uniform reference (Stage 2 does not touch it).
 
-    python benchmarks/stage2_objective.py [--prompts 64] [--budget 384] [--seeds 5] [--batches 20] [--workers 2]
+    python benchmarks/stage2_objective.py [--prompts 64] [--budget 384] [--seeds 5] [--batches 20] [--workers 2] [--evidence]
+
+`--evidence`: both objectives allocate with the evidence posterior (`rollout.stage2_evidence`,
+`trace_rl.evidence`); run it with and without to see what the posterior changes on the simulator.
 """
 
 from __future__ import annotations
@@ -32,9 +35,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seeds", type=int, default=5, help="simulated worlds (default 5)")
     parser.add_argument("--batches", type=int, default=20, help="reported batches per world (default 20)")
     parser.add_argument("--workers", type=int, default=2, help="processes running worlds side by side")
+    parser.add_argument("--evidence", action="store_true", help="Stage 2 allocates with the evidence posterior (trace_rl.evidence)")
     args = parser.parse_args(argv)
     common = {"prompts_per_batch": args.prompts, "budget": args.budget, "seeds": args.seeds, "batches": args.batches,
-              "warmup_batches": args.batches, "methods": ROWS, "workers": args.workers}
+              "warmup_batches": args.batches, "methods": ROWS, "workers": args.workers, "stage2_evidence": args.evidence}
     runs = {objective: run_benchmark(**common, stage2_objective=objective) for objective in ("anchor", "prompt")}
     rows: dict[str, Any] = {}
     for row in ROWS:

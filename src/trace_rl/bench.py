@@ -37,7 +37,8 @@ from typing import Any, Literal
 import numpy as np
 
 from trace_rl.config import from_dict
-from trace_rl.methods import AllocationSettings, get_method
+from trace_rl.evidence import Stage2Evidence
+from trace_rl.methods import AllocationSettings, expand_stage2, get_method
 from trace_rl.metrics import FIGURES, predictor_metrics, tree_metrics
 from trace_rl.plan import Request, plan_prefixes, plan_roots, prefix_candidates
 from trace_rl.predictor import KnowsPrompts, PredictorConfig, SuccessPredictor, backup_targets, brier_score, build_predictor
@@ -97,6 +98,9 @@ class BenchConfig:
     """`pcl`: share of the candidate prompts kept."""
     stage2_objective: Literal["anchor", "prompt"] = "anchor"
     """TRACE's Stage-2 objective (`AllocationSettings.stage2_objective`)."""
+    stage2_evidence: bool = False
+    """Rows with TRACE's Stage 2 allocate with the evidence posterior (`rollout.stage2_evidence`), each
+    row fitting its own on its own trees."""
     budget_unit: Literal["leaves", "tokens"] = "leaves"
     """`tokens`: `budget` is expected generated tokens per batch, spent as `rollout.budget_unit: tokens`
     spends them (each row learns its costs from its own trees, `TokenCosts`); rows hold the leaves
@@ -211,6 +215,7 @@ def _run_seed(cfg: BenchConfig, seed: int) -> _SeedResult:
     predictors = {row: build_predictor(get_method(row).predictor, cfg.predictor, seed=seed) for row in learned_rows(cfg.methods)}
     most = cfg.sim.turn_tokens * cfg.sim.max_turns + cfg.sim.answer_tokens  # the most a rollout writes
     costs = {row: TokenCosts(initial=float(most)) for row in cfg.methods} if cfg.budget_unit == "tokens" else {}
+    evidence = {row: Stage2Evidence() for row in cfg.methods if cfg.stage2_evidence and get_method(parse_row(row)[0]).stage2 is expand_stage2}
     figures: dict[str, dict[str, list[float]]] = {m: {} for m in cfg.methods}
     warmup: dict[str, dict[str, list[float]]] = {m: {} for m in predictors}
     calibration: dict[str, dict[str, list[float]]] = {m: {} for m in predictors}
@@ -219,15 +224,17 @@ def _run_seed(cfg: BenchConfig, seed: int) -> _SeedResult:
         prompts = sim.sample_prompts(cfg.prompts_per_batch, np.random.default_rng([seed, batch, 1]))
         for row in cfg.methods:
             predictor = predictors.get(row)
-            if not reported and predictor is None and row not in costs:
+            if not reported and predictor is None and row not in costs and row not in evidence:
                 continue  # stateless rows need no warm-up (under a token budget every row learns its costs)
             rng = np.random.default_rng([seed, batch, 2, _stream(row)])
-            trees = run_batch(row, prompts, sim, cfg, rng, predictor, costs.get(row))
+            trees = run_batch(row, prompts, sim, cfg, rng, predictor, costs.get(row), evidence.get(row))
             metrics = tree_metrics(trees)
             if cfg.budget_unit == "leaves" and metrics["tree/leaves"] != cfg.budget:
                 raise RuntimeError(f"{row} spent {metrics['tree/leaves']:.0f} leaves, expected {cfg.budget}")
             if row in costs:
                 costs[row].observe(trees)
+            if row in evidence:
+                evidence[row].observe(trees, cfg.allocation().success_threshold)
             table = figures if reported else warmup
             if row in table:  # a warm-up batch of a row without a predictor only teaches it its costs
                 for name in FIGURES + TOKEN_FIGURES:
@@ -259,11 +266,13 @@ def run_batch(
     rng: np.random.Generator,
     predictor: SuccessPredictor | None = None,
     costs: TokenCosts | None = None,
+    evidence: Stage2Evidence | None = None,
 ) -> list[RolloutTree]:
     """One batch of `row`: `plan_roots`, bare rollouts, then (two-stage methods) `plan_prefixes` and
     continuations, exactly as the training collector runs them, with the simulator in place of the
     engine and env. Exactly `cfg.budget` leaves are grown; under a token budget, the leaves that
-    `cfg.budget` expected tokens buy at `costs`' estimates (which the caller updates)."""
+    `cfg.budget` expected tokens buy at `costs`' estimates (which the caller updates). With `evidence`,
+    Stage 2 allocates with its posterior (the caller has it observe the trees)."""
     name, values = parse_row(row)
     method, settings = get_method(name), cfg.allocation()
     value = _value_fn(method.uses_values, values, sim, predictor, cfg.noise, rng)
@@ -277,7 +286,8 @@ def run_batch(
     candidates = prefix_candidates(trees)
     v_prefix = value(trees, candidates) if value else None
     branch = None if costs is None else costs.continuation(trees, candidates)
-    _grow(trees, plan_prefixes(method, settings, trees, candidates, v_prefix, rng, costs=branch, fresh_costs=fresh), sim, rng)
+    posterior = None if evidence is None or v_prefix is None else evidence.adjust(trees, candidates, v_prefix, settings.success_threshold)
+    _grow(trees, plan_prefixes(method, settings, trees, candidates, v_prefix, rng, costs=branch, fresh_costs=fresh, allocate_with=posterior), sim, rng)
     return trees
 
 

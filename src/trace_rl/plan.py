@@ -118,10 +118,13 @@ def plan_prefixes(
     per_tree: bool = False,
     costs: np.ndarray | None = None,
     fresh_costs: np.ndarray | None = None,
+    allocate_with: np.ndarray | None = None,
 ) -> list[Request]:
     """Stage 2: continuations per candidate prefix, then the leftover to sampled roots (see module doc).
 
     Sets `predicted` on every candidate (when `values` are given) and `budget` on the expanded ones.
+    `allocate_with`: per candidate, the values Stage 2 allocates with instead of `values` (which stay
+    the recorded predictions): `trace_rl.evidence`'s posterior.
     Returns [] for a method without Stage 2. `per_tree`: each tree spends its own Stage-2 budget
     over its own candidates, trees in order (see the module docstring). Under a token budget,
     `costs` (per candidate, tokens per continuation) and `fresh_costs` (per tree, tokens per fresh
@@ -143,10 +146,12 @@ def plan_prefixes(
                 method, settings, trees[index : index + 1], [(0, candidates[k][1]) for k in mine],
                 None if checked is None else checked[mine], rng,
                 costs=None if costs is None else costs[mine], fresh_costs=None if fresh_costs is None else fresh_costs[index : index + 1],
+                allocate_with=None if allocate_with is None else np.asarray(allocate_with)[mine],
             )
             requests += [replace(request, tree=index) for request in own]
         return requests
     values, record = _checked(values, len(candidates), "candidate")
+    allocated = values if allocate_with is None else _checked(allocate_with, len(candidates), "candidate")[0]
     backups = {}
     for index, _ in candidates:
         if index not in backups:
@@ -155,7 +160,7 @@ def plan_prefixes(
     prompts = np.array([index for index, _ in candidates], dtype=np.int64)
     mixed_trees = {index: _mixed(trees[index], settings.success_threshold) for index in backups}
     mixed = np.array([mixed_trees[index] for index, _ in candidates], dtype=bool)
-    per_prefix = method.stage2(values, outcomes, budget, settings, rng, prompts=prompts, mixed=mixed, costs=costs) if candidates else np.zeros(0, dtype=np.int64)
+    per_prefix = method.stage2(allocated, outcomes, budget, settings, rng, prompts=prompts, mixed=mixed, costs=costs) if candidates else np.zeros(0, dtype=np.int64)
     requests = []
     for (index, node_id), v, k in zip(candidates, values, per_prefix):
         node = trees[index].nodes[node_id]

@@ -39,7 +39,8 @@ from trace_rl.agent.env import Env, EnvSnapshot, StepResult
 from trace_rl.agent.types import Task
 from trace_rl.config import FieldError, check_choice, check_range
 from trace_rl.engine.base import Completion, Engine, SamplingParams
-from trace_rl.methods import METHODS, AllocationSettings, MethodName, MethodSpec, get_method
+from trace_rl.evidence import Stage2Evidence
+from trace_rl.methods import METHODS, AllocationSettings, MethodName, MethodSpec, expand_stage2, get_method
 from trace_rl.metrics import tree_metrics
 from trace_rl.plan import Request, plan_prefixes, plan_roots, prefix_candidates
 from trace_rl.predictor.base import KnowsPrompts, SuccessPredictor
@@ -101,6 +102,12 @@ class RolloutConfig:
     """What TRACE's Stage 2 maximises: `anchor`, the paper's Σ over prefixes of the chance that an anchor
     turns mixed; `prompt`, the expected number of prompts that end mixed (what the effective ratio
     counts: `trace_rl.allocate.expand_for_prompts`). `benchmarks/stage2_objective.py` compares them."""
+    stage2_evidence: bool = False
+    """TRACE's Stage 2 allocates with each prefix's success estimate updated on the batch's bare
+    rollouts (the outcome of the one through the prefix, its prompt's successes), a Beta posterior
+    with the predictor's estimate as prior whose strength is fitted on the run's past continuations
+    (`trace_rl.evidence`); false: the paper's value, the predictor's estimate alone. Either way a
+    run logs how both score on its continuations (`stage2/brier_predictor`, `stage2/brier_evidence`)."""
     backend: Literal["local", "ray"] = "local"
     """Where rollouts are executed: `local` in this process, or `ray` on `workers` Ray actors (extra
     `ray`, `trace_rl.distributed`), each with its own engine and env. Planning stays here either way, and
@@ -136,6 +143,9 @@ class RolloutConfig:
         check_range(self, "success_threshold", ge=0, lt=1, why="rewards lie in [0, 1] and a success is a reward above it")
         check_range(self, "env_workers", ge=1)
         check_choice(self, "stage2_objective", ("anchor", "prompt"))
+        if self.stage2_evidence and self.spec.stage2 is not expand_stage2:
+            reads = ", ".join(name for name, spec in METHODS.items() if spec.stage2 is expand_stage2)
+            raise FieldError("stage2_evidence", self.stage2_evidence, f"false for method {self.method!r}, whose Stage 2 reads no values ({reads} do)")
         check_choice(self, "backend", ("local", "ray"))
         check_range(self, "workers", ge=1)
         if self.backend == "local" and self.workers != 1:
@@ -275,6 +285,8 @@ class TreeRolloutCollector:
         self.executor = executor if executor is not None else RolloutRunner(engine, tokenizer, env, config)
         self.costs = TokenCosts(initial=float(config.max_new_tokens * env.max_turns)) if config.budget_unit == "tokens" else None
         """Expected tokens per rollout under a token budget (before any is seen: its most, max_turns full turns)."""
+        self.evidence = Stage2Evidence() if self.method.stage2 is expand_stage2 else None
+        """Stage 2's evidence model: fitted and scored every batch, allocated with under `stage2_evidence`."""
 
     def state_dict(self) -> dict[str, Any]:
         """The sampling RNG (and the token costs learnt so far), so a resumed run draws what the
@@ -282,12 +294,16 @@ class TreeRolloutCollector:
         state: dict[str, Any] = {"rng": self.rng.bit_generator.state}
         if self.costs is not None:
             state["costs"] = self.costs.state_dict()
+        if self.evidence is not None:
+            state["evidence"] = self.evidence.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rng.bit_generator.state = state["rng"]
         if self.costs is not None and "costs" in state:
             self.costs.load_state_dict(state["costs"])
+        if self.evidence is not None and "evidence" in state:  # checkpoints from before it have none
+            self.evidence.load_state_dict(state["evidence"])
 
     # ------------------------------------------------------------------ the two stages
 
@@ -318,7 +334,11 @@ class TreeRolloutCollector:
             histories = [batch.trees[tree].history(node) for tree, node in candidates]
             v_pref = self.predictor.predict(histories) if candidates else np.zeros(0)
             branch = None if self.costs is None else self.costs.continuation(batch.trees, candidates)
-            requests = plan_prefixes(self.method, settings, batch.trees, candidates, v_pref, self.rng, per_tree=per_tree, costs=branch, fresh_costs=fresh)
+            posterior = None
+            if cfg.stage2_evidence and self.evidence is not None:
+                posterior = self.evidence.adjust(batch.trees, candidates, v_pref, cfg.success_threshold)
+            requests = plan_prefixes(self.method, settings, batch.trees, candidates, v_pref, self.rng, per_tree=per_tree,
+                                     costs=branch, fresh_costs=fresh, allocate_with=posterior)
             to_roots = sum(r.count for r in requests if r.node == 0)
             if self.costs is not None:
                 cost_of = {c: k for k, c in enumerate(candidates)}
@@ -327,6 +347,7 @@ class TreeRolloutCollector:
             self._run(batch, requests)
 
         leaves = sum(int(tree.leaves().size) for tree in batch.trees)
+        evidence_stats = {} if self.evidence is None else self.evidence.observe(batch.trees, cfg.success_threshold)
         if self.costs is not None:
             self.costs.observe(batch.trees)
         elif leaves != cfg.budget * budgets:  # a broken invariant is our bug, never a silent miscount
@@ -343,6 +364,7 @@ class TreeRolloutCollector:
             "rollout/tokens_prefill": float(batch.tokens["prefill"]),
             "rollout/tokens_prompt": float(sum(len(t.root.token_ids) for t in batch.trees if t.root.budget)),
             **token_stats,
+            **evidence_stats,
             **batch.timings,
         }
         return RolloutBatch(trees=batch.trees, stats=stats)
