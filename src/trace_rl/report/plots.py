@@ -117,6 +117,15 @@ PANELS: tuple[Panel, ...] = (
         ),
         "error",
     ),
+    Panel(
+        "calibration_stage2",
+        "Stage 2's estimates against the continuations it started (lower is better)",
+        (
+            ("stage2/brier_predictor", "Brier, predictor (the paper's value)"),
+            ("stage2/brier_evidence", "Brier, evidence posterior"),
+        ),
+        "error",
+    ),
 )
 
 _LINESTYLES = ("-", "--", ":", "-.")
