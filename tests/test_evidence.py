@@ -105,6 +105,8 @@ def test_the_collector_allocates_stage_2_with_the_posterior_and_a_resumed_one_wi
     values = np.array([expected[i].nodes[originals[i][n]].predicted for i, n in candidates])
     allocate_with = posterior(values, bare_evidence(replay, candidates, 0.5), *fitted)
     assert not np.allclose(allocate_with, values), "the posterior equals the predictions: the test tells nothing"
+    recorded = np.array([expected[i].nodes[originals[i][n]].stage2_value for i, n in candidates])
+    assert np.allclose(recorded, allocate_with)  # the tree says what Stage 2 allocated with, beside `predicted`
     for tree, bare in zip(expected, replay):
         bare.root.budget = tree.root.budget
     plan_prefixes(get_method("trace"), config.allocation(), replay, candidates, values, np.random.default_rng(0), allocate_with=allocate_with)

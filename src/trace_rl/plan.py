@@ -124,7 +124,7 @@ def plan_prefixes(
 
     Sets `predicted` on every candidate (when `values` are given) and `budget` on the expanded ones.
     `allocate_with`: per candidate, the values Stage 2 allocates with instead of `values` (which stay
-    the recorded predictions): `trace_rl.evidence`'s posterior.
+    the recorded predictions; these go to `stage2_value`): `trace_rl.evidence`'s posterior.
     Returns [] for a method without Stage 2. `per_tree`: each tree spends its own Stage-2 budget
     over its own candidates, trees in order (see the module docstring). Under a token budget,
     `costs` (per candidate, tokens per continuation) and `fresh_costs` (per tree, tokens per fresh
@@ -162,10 +162,12 @@ def plan_prefixes(
     mixed = np.array([mixed_trees[index] for index, _ in candidates], dtype=bool)
     per_prefix = method.stage2(allocated, outcomes, budget, settings, rng, prompts=prompts, mixed=mixed, costs=costs) if candidates else np.zeros(0, dtype=np.int64)
     requests = []
-    for (index, node_id), v, k in zip(candidates, values, per_prefix):
+    for (index, node_id), v, a, k in zip(candidates, values, allocated, per_prefix):
         node = trees[index].nodes[node_id]
         if record:
             node.predicted = float(v)
+        if allocate_with is not None:
+            node.stage2_value = float(a)
         if k > 0:
             node.budget = int(k)
             requests.append(Request(index, node_id, int(k)))

@@ -17,7 +17,7 @@ Embedded data (`viewer_data`), for reference when changing the JS:
     TREE = {"task_id", "prompt", "source", "nodes_total", "leaves", "successes", "mixed",
             "nodes": {"parent": [...], "depth": [...], "thought": [...], "action": [...],
                       "observation": [...], "info": [...], "reward": [...], "value": [...],
-                      "leaves": [...], "predicted": [...], "budget": [...], "mixed_anchor": [...],
+                      "leaves": [...], "predicted": [...], "stage2_value": [...], "budget": [...], "mixed_anchor": [...],
                       "tokens": [...], "trained_tokens": [...]}}
 
 `nodes` is column-oriented (one list per field, indexed by node id) to keep key names out of the
@@ -185,6 +185,7 @@ def _tree_data(tree: RolloutTree, text_chars: int, max_nodes: int) -> dict[str, 
             "value": [_num(backup.values[n.id]) for n in nodes],
             "leaves": [int(backup.counts[n.id]) for n in nodes],
             "predicted": [_num(n.predicted) for n in nodes],
+            "stage2_value": [_num(n.stage2_value) for n in nodes],
             "budget": [int(n.budget) for n in nodes],
             "mixed_anchor": [int(len(n.children) >= 2 and mixed[n.id]) for n in nodes],
             "tokens": [len(n.token_ids) for n in nodes],
@@ -543,7 +544,8 @@ VIEWER_JS = r"""
      ["reward", N.reward[id] !== null ? fmt(N.reward[id], 2) : "— (not a finished leaf)"],
      ["backed-up value V̂", fmt(N.value[id]) + (N.leaves[id] ? "" : " (no finished leaf below)")],
      ["leaves below", N.leaves[id]],
-     ["predicted (Ṽψ)", fmt(N.predicted[id])],
+     ["predicted (Ṽψ)", fmt(N.predicted[id]) + (N.stage2_value[id] !== null ? " · Stage 2 allocated with " +
+        fmt(N.stage2_value[id]) + " (updated on the bare rollouts)" : "")],
      ["budget received", N.budget[id] + (id === 0 ? " rollouts (Stage 1)" : N.budget[id] === 1 ? " continuation (Stage 2)" :
         N.budget[id] ? " continuations (Stage 2)" : "")],
      ["children", (N.parent.filter(function (p) { return p === id; })).length],
