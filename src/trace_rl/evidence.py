@@ -54,17 +54,16 @@ class Evidence:
 def bare_evidence(trees: Sequence[RolloutTree], prefixes: Sequence[tuple[int, int]], threshold: float) -> Evidence:
     """The evidence of each (tree index, node id) prefix, from the finished bare rollouts (those that
     started at the root) of its tree; a success is a reward above `threshold`. Continuations already
-    in the tree are not counted, so the same numbers come out before and after Stage 2 ran."""
+    in the tree are not counted, so the same numbers come out before and after Stage 2 ran. A prefix
+    whose bare rollout did not finish has r = 0, as `trace_rl.plan` reads its NaN backup."""
     per_tree: dict[int, tuple[dict[int, float], float, int]] = {}
     depth, outcome, successes, count = [], [], [], []
     for index, node_id in prefixes:
         if index not in per_tree:
             per_tree[index] = _bare(trees[index], threshold)
         through, wins, total = per_tree[index]
-        if node_id not in through:
-            raise ValueError(f"node {node_id} of tree {index} has no finished bare rollout below it")
         depth.append(trees[index].nodes[node_id].depth)
-        outcome.append(through[node_id])
+        outcome.append(through.get(node_id, 0.0))  # no finished bare rollout below: a failure, as the planner reads it
         successes.append(wins)
         count.append(total)
     return Evidence(*(np.asarray(a, dtype=np.float64) for a in (depth, outcome, successes, count)))
