@@ -112,7 +112,9 @@ class Stage2Evidence:
 
     def observe(self, trees: Sequence[RolloutTree], threshold: float) -> dict[str, float]:
         """Scores this batch's continuations (the predictor's ṽ and the posterior Stage 2 would have
-        used, before refitting on them), then refits. {} when the batch has no scored continuation."""
+        used, before refitting on them), then refits. {} when the batch has no scored continuation.
+        `stage2/own_weight` is the share of a first-turn prefix's posterior that its bare outcome
+        carries after the refit, 1 / (κ + 1) (0: the paper's value); `stage2/prompt_weight` is w."""
         rows = continuations(trees, threshold)
         if not rows.size:
             return {}
@@ -158,7 +160,7 @@ def _evidence(rows: np.ndarray) -> Evidence:
 
 def continuations(trees: Sequence[RolloutTree], threshold: float) -> np.ndarray:
     """One row per finished continuation whose prefix has a prediction: ṽ, depth t, r, s, n (as
-    `Evidence` names them) and the continuation's outcome."""
+    `bare_evidence` reads them) and the continuation's outcome."""
     rows = []
     for tree in trees:
         starts = {}
@@ -171,8 +173,6 @@ def continuations(trees: Sequence[RolloutTree], threshold: float) -> np.ndarray:
             continue
         through, wins, total = _bare(tree, threshold)
         for start, outcomes in starts.items():
-            if start not in through:
-                continue
             prefix = tree.nodes[start]
-            rows += [(prefix.predicted, prefix.depth, through[start], wins, total, y) for y in outcomes]
+            rows += [(prefix.predicted, prefix.depth, through.get(start, 0.0), wins, total, y) for y in outcomes]
     return np.asarray(rows, dtype=np.float64).reshape(-1, 6)
