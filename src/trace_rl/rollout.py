@@ -289,7 +289,7 @@ class TreeRolloutCollector:
         """Stage 2's evidence model: fitted and scored every batch, allocated with under `stage2_evidence`."""
 
     def state_dict(self) -> dict[str, Any]:
-        """The sampling RNG (and the token costs learnt so far), so a resumed run draws what the
+        """The sampling RNG (and the token costs and Stage-2 evidence learnt so far), so a resumed run draws what the
         unbroken one would have."""
         state: dict[str, Any] = {"rng": self.rng.bit_generator.state}
         if self.costs is not None:
