@@ -289,8 +289,8 @@ class TreeRolloutCollector:
         """Stage 2's evidence model: fitted and scored every batch, allocated with under `stage2_evidence`."""
 
     def state_dict(self) -> dict[str, Any]:
-        """The sampling RNG (and the token costs and Stage-2 evidence learnt so far), so a resumed run draws what the
-        unbroken one would have."""
+        """The sampling RNG (and the token costs and Stage-2 evidence learnt so far), so a resumed run
+        draws what the unbroken one would have."""
         state: dict[str, Any] = {"rng": self.rng.bit_generator.state}
         if self.costs is not None:
             state["costs"] = self.costs.state_dict()
