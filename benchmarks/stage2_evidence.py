@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from trace_rl.evidence import Evidence, Stage2Evidence, continuations, posterior
+from trace_rl.evidence import Stage2Evidence, continuations
 from trace_rl.tree import read_jsonl
 
 
@@ -30,21 +30,20 @@ def replay(run: Path, after: int, threshold: float = 0.5) -> dict[str, Any]:
     if not files:
         raise SystemExit(f"{run}: no trees/step_*.jsonl (a run saves its trees unless train.save_trees is false)")
     model = Stage2Evidence()
-    scored: dict[str, list[float]] = {"predictor": [], "evidence": [], "constant": []}
+    squared: dict[str, float] = {"predictor": 0.0, "evidence": 0.0, "constant": 0.0}  # summed over continuations
     rows_after, past = [], []
     for path in files:
         step = int(path.stem.removeprefix("step_"))
         trees = read_jsonl(path)
         rows = continuations(trees, threshold)
-        before = (model.prior_strength, model.prompt_weight)
         constant = float(np.mean(past)) if past else 0.5
+        metrics = model.observe(trees, threshold)  # scores with the fit it had before this step, as training does
         if step > after and rows.size:
-            v, depth, r, s, n, y = rows.T
-            scored["predictor"] += ((v - y) ** 2).tolist()
-            scored["evidence"] += ((posterior(v, Evidence(depth, r, s, n), *before) - y) ** 2).tolist()
-            scored["constant"] += ((constant - y) ** 2).tolist()
+            y = rows[:, 5]
+            squared["predictor"] += metrics["stage2/brier_predictor"] * y.size
+            squared["evidence"] += metrics["stage2/brier_evidence"] * y.size
+            squared["constant"] += float(np.sum((constant - y) ** 2))
             rows_after.append(rows)
-        model.observe(trees, threshold)
         past += rows[:, 5].tolist()
     if not rows_after:
         raise SystemExit(f"{run}: no continuation after step {after}")
@@ -60,7 +59,7 @@ def replay(run: Path, after: int, threshold: float = 0.5) -> dict[str, Any]:
         "run": str(run),
         "steps_scored": len(rows_after),
         "continuations": int(y.size),
-        "brier": {name: round(float(np.mean(values)), 4) for name, values in scored.items()},
+        "brier": {name: round(total / y.size, 4) for name, total in squared.items()},
         "repeats_bare_outcome_by_turn": repeats,
         "by_bare_outcomes": by_prompt,
         "fit_at_end": {"prior_strength": model.prior_strength, "prompt_weight": model.prompt_weight},

@@ -159,20 +159,21 @@ def _evidence(rows: np.ndarray) -> Evidence:
 
 
 def continuations(trees: Sequence[RolloutTree], threshold: float) -> np.ndarray:
-    """One row per finished continuation whose prefix has a prediction: ṽ, depth t, r, s, n (as
-    `bare_evidence` reads them) and the continuation's outcome."""
-    rows = []
-    for tree in trees:
-        starts = {}
+    """One row per finished continuation whose prefix has a prediction: ṽ, depth t, r, s, n (its
+    prefix's `bare_evidence`) and the continuation's outcome."""
+    prefixes, predicted, outcomes = [], [], []
+    for index, tree in enumerate(trees):
+        starts: dict[int, list[float]] = {}  # a prefix's continuations together, prefixes in the order first met
         for leaf in tree.leaves():
             node = tree.nodes[int(leaf)]
             start = node.rollout_start
             if start != 0 and node.reward is not None and tree.nodes[start].predicted is not None:
                 starts.setdefault(start, []).append(float(node.reward > threshold))
-        if not starts:
-            continue
-        through, wins, total = _bare(tree, threshold)
-        for start, outcomes in starts.items():
-            prefix = tree.nodes[start]
-            rows += [(prefix.predicted, prefix.depth, through.get(start, 0.0), wins, total, y) for y in outcomes]
-    return np.asarray(rows, dtype=np.float64).reshape(-1, 6)
+        for start, ys in starts.items():
+            prefixes += [(index, start)] * len(ys)
+            predicted += [tree.nodes[start].predicted] * len(ys)
+            outcomes += ys
+    if not prefixes:
+        return np.zeros((0, 6))
+    ev = bare_evidence(trees, prefixes, threshold)
+    return np.column_stack([predicted, ev.depth, ev.outcome, ev.successes, ev.count, outcomes]).astype(np.float64)
