@@ -40,8 +40,8 @@ def export(run_dir: Path, dest: Path, config_path: Path) -> dict:
     dest.mkdir(parents=True, exist_ok=True)
     if not (dest / "compare.yaml").exists() or not (dest / "compare.yaml").samefile(config_path):  # re-exporting from the copy
         shutil.copyfile(config_path, dest / "compare.yaml")
-    command = f"trace-rl compare --config {config_path.as_posix()} --out {run_dir.as_posix()}"
-    (dest / "command.txt").write_text(command + "\n")
+    if not (dest / "command.txt").exists():  # once written (and often annotated: commits, seeds run apart), it is the record
+        (dest / "command.txt").write_text(f"trace-rl compare --config {config_path.as_posix()} --out {run_dir.as_posix()}\n")
     for run in sorted(run_dir.glob("*/seed_*")):
         if not (run / "metrics.jsonl").is_file():
             continue

@@ -136,6 +136,9 @@ def test_exported_results_hold_the_runs_and_reproduce_the_summary_and_the_readme
     assert (dest / "trace" / "seed_1" / "metrics.jsonl").is_file() and (dest / "react" / "seed_0" / "config.yaml").is_file()
     assert not list(dest.rglob("*.pt")) and (dest / "plots" / "effective_ratio.png").is_file()
     assert (dest / "command.txt").read_text().startswith("trace-rl compare --config")
+    (dest / "command.txt").write_text("trace-rl compare --config toy.yaml --out runs\n# seed 1 ran apart, at another commit\n")
+    assert json.dumps(results.export(dest, dest, dest / "compare.yaml")["methods"]) == json.dumps(summary["methods"])  # from the copy
+    assert "seed 1 ran apart" in (dest / "command.txt").read_text()  # an existing record is kept, not overwritten
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\n{results.BEGIN}\nstale\n{results.END}\n\n## after\n")
     results.write_readme(readme, tmp_path / "docs" / "results", repo=tmp_path)
@@ -180,3 +183,24 @@ def test_a_bad_variant_is_refused_naming_its_key(variants, methods, match):
 
     with pytest.raises(ConfigError, match=match):
         CompareConfig(methods=methods, seeds=[0], variants=variants)
+
+
+def test_the_difference_to_the_baseline_is_paired_by_seed_over_the_seeds_both_finished(tmp_path):
+    grpo, trace = [0.20, 0.30, 0.40], [0.23, 0.32, 0.44]  # seeds far apart, trace ahead on each by 2-4 points
+    for seed in range(3):
+        _run(tmp_path / "grpo" / f"seed_{seed}", [grpo[seed]] * 2)
+        _run(tmp_path / "trace" / f"seed_{seed}", [trace[seed]] * 2)
+    _run(tmp_path / "pcl" / "seed_0", [0.25] * 2)
+    _run(tmp_path / "pcl" / "seed_1", [0.9])  # unfinished: no pair
+    summary = summarise(tmp_path, _config(["grpo", "trace", "pcl"], [0, 1, 2], steps=2))
+    paired = summary["methods"]["trace"]
+    differences = np.subtract(trace, grpo)
+    assert paired["accuracy_vs_baseline"] == pytest.approx(0.03) and paired["accuracy_vs_baseline_seeds"] == 3
+    assert paired["accuracy_vs_baseline_ci95"] == pytest.approx(4.303 * np.std(differences, ddof=1) / math.sqrt(3))
+    unpaired = paired["final_accuracy_ci95"] + summary["methods"]["grpo"]["final_accuracy_ci95"]
+    assert paired["accuracy_vs_baseline_ci95"] < unpaired / 10  # what the seeds share is left out
+    assert summary["methods"]["pcl"]["accuracy_vs_baseline"] == pytest.approx(0.05) and summary["methods"]["pcl"]["accuracy_vs_baseline_seeds"] == 1
+    assert math.isnan(summary["methods"]["pcl"]["accuracy_vs_baseline_ci95"])
+    assert "accuracy_vs_baseline" not in summary["methods"]["grpo"]
+    table = summary_table(summary)
+    assert "against grpo, paired by seed" in table and "| +0.030 ± 0.0" in table and "| +0.050 ± — |" in table

@@ -4,8 +4,9 @@ Every (method, seed) is a full training run in `DIR/<method>/seed_<k>/`; only `r
 and `seed` differ between them. The starting (warm-started) policy is evaluated once per seed in
 `DIR/react/seed_<k>/` (the paper's ReAct row: the agent without RL), the point every accuracy
 curve starts from. `DIR/summary.json` holds, per method, the figures averaged over steps (ratios)
-and seeds (accuracy), the gain over the starting policy, plus how many rollouts each method needed
-to first reach the first method's (the baseline's) final accuracy.
+and seeds (accuracy), the gain over the starting policy and the difference to the first method's
+(the baseline's) final accuracy paired by seed, plus how many rollouts each method needed to first
+reach the baseline's final accuracy.
 """
 
 from __future__ import annotations
@@ -253,7 +254,8 @@ def _run_metrics(run_dir: Path) -> list[dict[str, Any]]:
 def summarise(out: Path, config: CompareConfig) -> dict[str, Any]:
     """Per method: ratios averaged over steps and seeds; final accuracy over seeds with its 95%
     interval (Student t); the evaluation's own standard error; rollouts and generated tokens spent,
-    and how many each method needed to first reach the baseline's final accuracy.
+    how many each method needed to first reach the baseline's final accuracy, and its final accuracy
+    against the baseline's paired by seed (`accuracy_vs_baseline`, with its own interval).
 
     Only finished runs (all `run.train.steps` steps) count: an unfinished one's last evaluation is not
     its final accuracy. Runs begun but unfinished are listed under `unfinished` (method -> seed -> steps)."""
@@ -264,6 +266,7 @@ def summarise(out: Path, config: CompareConfig) -> dict[str, Any]:
     start_by_seed = {seed: _last(r, acc_key) for seed, r in start_runs.items() if r}
     start = _start_figures(list(start_runs.values()), acc_key)
     unfinished: dict[str, dict[int, int]] = {}
+    finals: dict[str, dict[int, float]] = {}
     for method in config.methods:
         begun = {seed: _run_metrics(out / method / f"seed_{seed}") for seed in config.seeds}
         steps = config.run_config(method).train.steps
@@ -273,7 +276,7 @@ def summarise(out: Path, config: CompareConfig) -> dict[str, Any]:
         if not by_seed:
             continue
         runs = list(by_seed.values())
-        final_by_seed = {seed: _last(r, acc_key) for seed, r in by_seed.items()}
+        final_by_seed = finals[method] = {seed: _last(r, acc_key) for seed, r in by_seed.items()}
         final = np.array(list(final_by_seed.values()))
         eval_se = [_last(r, f"{acc_key}_se") for r in runs]
         gains = np.array([acc - start_by_seed[seed] for seed, acc in final_by_seed.items() if seed in start_by_seed])
@@ -301,6 +304,8 @@ def summarise(out: Path, config: CompareConfig) -> dict[str, Any]:
         target = methods[baseline]["final_accuracy"]
         for method, figures in methods.items():
             figures["rollouts_to_baseline_accuracy"], figures["tokens_to_baseline_accuracy"] = _first_reach(curves[method], target)
+            if method != baseline:
+                figures.update(_paired_difference(finals[method], finals[baseline]))
     summary: dict[str, Any] = {"methods": methods, "baseline": baseline, "accuracy_key": acc_key, "config": asdict(config)}
     if unfinished:
         summary["unfinished"] = unfinished
@@ -364,6 +369,20 @@ def _mean_curve(runs: list[list[dict[str, Any]]], key: str) -> list[tuple[float,
     return [tuple(float(x) for x in np.mean(v, axis=0)) for _, v in sorted(by_step.items())]  # type: ignore[misc]
 
 
+def _paired_difference(final: dict[int, float], baseline: dict[int, float]) -> dict[str, float]:
+    """Final accuracy minus the baseline's, seed by seed, over the seeds both finished: its mean, the
+    95% interval of that mean and the number of pairs. Both runs of a seed start from the same policy
+    and draw the same candidate prompts each step (DAPO's extra draws aside), so the per-seed
+    difference leaves out what they share: the test of "ahead of the baseline" the paper's tables imply."""
+    seeds = sorted(set(final) & set(baseline))
+    differences = np.array([final[seed] - baseline[seed] for seed in seeds], dtype=float)
+    return {
+        "accuracy_vs_baseline": _nanmean(differences),
+        "accuracy_vs_baseline_ci95": _ci95(differences),
+        "accuracy_vs_baseline_seeds": float(np.count_nonzero(~np.isnan(differences))),
+    }
+
+
 def _first_reach(curve: list[tuple[float, float, float]], target: float) -> tuple[float, float]:
     """Rollouts and tokens spent when the mean accuracy first reached `target` (NaN if it never did)."""
     for rollouts, tokens, accuracy in curve:
@@ -378,23 +397,25 @@ def summary_table(summary: dict[str, Any]) -> str:
     baseline = summary.get("baseline", "the baseline")
     header = (
         "| method | seeds | effective ratio | effective gradient ratio (budget share in mixed groups) | final accuracy (95% CI over seeds) "
-        f"| gain over the start | evaluation SE | rollouts | rollouts to {baseline}'s final accuracy | tokens to it | predictor Brier (after step 5) |"
+        f"| gain over the start | against {baseline}, paired by seed | evaluation SE | rollouts | rollouts to {baseline}'s final accuracy | tokens to it | predictor Brier (after step 5) |"
     )
-    lines = [header, "|" + "---|" * 11]
+    lines = [header, "|" + "---|" * 12]
     nan = float("nan")
     start = summary.get(START)
     if start:
         lines.append(
             f"| {START} (start, no RL) | {start['seeds']:.0f} | — | — | {start['final_accuracy']:.3f} ± {_or_dash(start['final_accuracy_ci95'], '.3f')} "
-            f"| — | {_or_dash(start['final_accuracy_eval_se'], '.3f')} | 0 | — | — | — |"
+            f"| — | — | {_or_dash(start['final_accuracy_eval_se'], '.3f')} | 0 | — | — | — |"
         )
     for method, f in summary["methods"].items():
         reach, tokens = f.get("rollouts_to_baseline_accuracy", nan), f.get("tokens_to_baseline_accuracy", nan)
         ci, se, brier = f.get("final_accuracy_ci95", nan), f.get("final_accuracy_eval_se", nan), f.get("predictor_brier", nan)
         gain, gain_ci = f.get("accuracy_gain", nan), f.get("accuracy_gain_ci95", nan)
+        versus, versus_ci = f.get("accuracy_vs_baseline", nan), f.get("accuracy_vs_baseline_ci95", nan)
         lines.append(
             f"| {method} | {f['seeds']:.0f} | {f['effective_ratio']:.3f} | {f['mixed_budget_share']:.3f} "
             f"| {f['final_accuracy']:.3f} ± {_or_dash(ci, '.3f')} | {_or_dash(gain, '+.3f')} ± {_or_dash(gain_ci, '.3f')} "
+            f"| {'—' if np.isnan(versus) else f'{versus:+.3f} ± ' + _or_dash(versus_ci, '.3f')} "
             f"| {_or_dash(se, '.3f')} | {f['rollouts']:.0f} "
             f"| {_or_dash(reach, '.0f')} | {_or_dash(tokens, '.0f')} | {_or_dash(brier, '.3f')} |"
         )
