@@ -279,7 +279,7 @@ def summarise(out: Path, config: CompareConfig) -> dict[str, Any]:
         final_by_seed = finals[method] = {seed: _last(r, acc_key) for seed, r in by_seed.items()}
         final = np.array(list(final_by_seed.values()))
         eval_se = [_last(r, f"{acc_key}_se") for r in runs]
-        gains = np.array([acc - start_by_seed[seed] for seed, acc in final_by_seed.items() if seed in start_by_seed])
+        gains = _per_seed_difference(final_by_seed, start_by_seed)
         methods[method] = {
             "effective_ratio": _mean_over_steps(runs, "tree/effective_ratio"),
             "effective_per_candidate": _mean_over_steps(runs, "tree/effective_per_candidate"),
@@ -305,7 +305,9 @@ def summarise(out: Path, config: CompareConfig) -> dict[str, Any]:
         for method, figures in methods.items():
             figures["rollouts_to_baseline_accuracy"], figures["tokens_to_baseline_accuracy"] = _first_reach(curves[method], target)
             if method != baseline:
-                figures.update(_paired_difference(finals[method], finals[baseline]))
+                paired = _per_seed_difference(finals[method], finals[baseline])
+                figures["accuracy_vs_baseline"], figures["accuracy_vs_baseline_ci95"] = _nanmean(paired), _ci95(paired)
+                figures["accuracy_vs_baseline_seeds"] = float(np.count_nonzero(~np.isnan(paired)))
     summary: dict[str, Any] = {"methods": methods, "baseline": baseline, "accuracy_key": acc_key, "config": asdict(config)}
     if unfinished:
         summary["unfinished"] = unfinished
@@ -369,18 +371,12 @@ def _mean_curve(runs: list[list[dict[str, Any]]], key: str) -> list[tuple[float,
     return [tuple(float(x) for x in np.mean(v, axis=0)) for _, v in sorted(by_step.items())]  # type: ignore[misc]
 
 
-def _paired_difference(final: dict[int, float], baseline: dict[int, float]) -> dict[str, float]:
-    """Final accuracy minus the baseline's, seed by seed, over the seeds both finished: its mean, the
-    95% interval of that mean and the number of pairs. Both runs of a seed start from the same policy
-    and draw the same candidate prompts each step (DAPO's extra draws aside), so the per-seed
-    difference leaves out what they share: the test of "ahead of the baseline" the paper's tables imply."""
-    seeds = sorted(set(final) & set(baseline))
-    differences = np.array([final[seed] - baseline[seed] for seed in seeds], dtype=float)
-    return {
-        "accuracy_vs_baseline": _nanmean(differences),
-        "accuracy_vs_baseline_ci95": _ci95(differences),
-        "accuracy_vs_baseline_seeds": float(np.count_nonzero(~np.isnan(differences))),
-    }
+def _per_seed_difference(final: dict[int, float], reference: dict[int, float]) -> np.ndarray:
+    """`final` minus `reference`, seed by seed, over the seeds both have: a run against its own seed's
+    start (the gain), or against the baseline's run of that seed. Both runs of a seed start from the same
+    policy and draw the same candidate prompts each step (DAPO's extra draws aside), so the difference
+    leaves out what they share: the test of "ahead of the baseline" the paper's tables imply."""
+    return np.array([final[seed] - reference[seed] for seed in sorted(set(final) & set(reference))], dtype=float)
 
 
 def _first_reach(curve: list[tuple[float, float, float]], target: float) -> tuple[float, float]:
