@@ -180,6 +180,17 @@ def test_comparison_plots_aggregate_seeds_per_method(tmp_path: Path) -> None:
     assert "calibration" in [p.stem for p in written]  # only trace has a predictor: still drawn
 
 
+def test_a_long_method_name_is_wrapped_at_its_underscores_to_fit_the_legend_margin() -> None:
+    from trace_rl.report.plots import _LEGEND_WIDTH, _wrap_name
+
+    wrapped = _wrap_name("trace_prompt_evidence_32x6")
+    assert wrapped == "trace_prompt_\nevidence_32x6"
+    assert _wrap_name("grpo") == "grpo"
+    long_part = _wrap_name("x" * 45)
+    assert all(len(line) <= _LEGEND_WIDTH for line in long_part.split("\n"))
+    assert long_part.replace("\n", "") == "x" * 45
+
+
 def test_load_run_merges_lines_by_step_and_drops_a_cut_last_line(tmp_path: Path) -> None:
     run = tmp_path / "r"
     run.mkdir()

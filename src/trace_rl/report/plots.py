@@ -312,6 +312,16 @@ def plot_path(path: str | Path, out_dir: str | Path) -> list[Path]:
     return plot_runs(find_runs(path), out_dir)
 
 
+def _wrap_name(name: str, width: int = _LEGEND_WIDTH) -> str:
+    """A method's name on lines of at most `width` characters, broken after its underscores where it can be."""
+    lines = [""]
+    for part in re.findall(r"[^_]*_|[^_]+", name):
+        if lines[-1] and len(lines[-1]) + len(part) > width:
+            lines.append("")
+        lines[-1] += part
+    return "\n".join(textwrap.fill(line, width, break_on_hyphens=False) for line in lines)
+
+
 def _draw(panel: Panel, curves: dict[tuple[str, str], Curve], colors: dict[str, str], path: Path) -> Path:
     Figure, Line2D, MaxNLocator = _matplotlib()
     fig = Figure(figsize=(7.6, 3.8), dpi=110)
@@ -330,7 +340,7 @@ def _draw(panel: Panel, curves: dict[tuple[str, str], Curve], colors: dict[str, 
         elif c.runs >= 2:
             ax.errorbar(c.x, c.mean, yerr=[c.mean - c.low, c.high - c.mean], color=color, capsize=3, linewidth=1)
     methods = list(dict.fromkeys(method for method, _ in curves))
-    handles = [Line2D([], [], color=colors[m], linewidth=2, label=m) for m in methods]
+    handles = [Line2D([], [], color=colors[m], linewidth=2, label=_wrap_name(m)) for m in methods]
     used_keys = [(key, label) for key, label in panel.keys if any(k == key for _, k in curves)]
     if len(used_keys) > 1:
         # wrapped: the legend sits in the right margin, where a long label was cut off at the edge
