@@ -204,3 +204,16 @@ def test_the_difference_to_the_baseline_is_paired_by_seed_over_the_seeds_both_fi
     assert "accuracy_vs_baseline" not in summary["methods"]["grpo"]
     table = summary_table(summary)
     assert "against grpo, paired by seed" in table and "| +0.030 ± 0.0" in table and "| +0.050 ± — |" in table
+
+
+def test_the_95_percent_interval_uses_student_t_beyond_ten_degrees_of_freedom() -> None:
+    from trace_rl.compare import t975
+
+    # published t_0.975 quantiles (to 3 decimals) for 11, 12, 20, 30 and 120 degrees of freedom
+    for dof, exact in ((11, 2.201), (12, 2.179), (20, 2.086), (30, 2.042), (120, 1.980)):
+        assert t975(dof) == pytest.approx(exact, abs=6e-4)
+    assert t975(4) == 2.776 and t975(10) == 2.228
+    widths = [t975(dof) for dof in range(1, 200)]
+    assert all(a > b for a, b in zip(widths, widths[1:])) and widths[-1] > 1.96  # never narrower than the normal's
+    with pytest.raises(ValueError):
+        t975(0)

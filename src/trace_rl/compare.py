@@ -344,7 +344,20 @@ def _start_figures(runs: list[list[dict[str, Any]]], acc_key: str) -> dict[str, 
 
 
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
-"""Student t quantiles t_0.975 for 1..10 degrees of freedom (1.96 beyond)."""
+"""Student t quantiles t_0.975 for 1..10 degrees of freedom (`t975` expands beyond)."""
+
+
+def t975(dof: int) -> float:
+    """Student t quantile t_0.975 for `dof` degrees of freedom: the table to 10, then the Cornish-Fisher
+    expansion about the normal quantile (within 2e-4 of the exact value from 11 on). A normal 1.96 in its
+    place would narrow a 12-seed interval by 11%."""
+    if dof < 1:
+        raise ValueError(f"t975 needs at least one degree of freedom, got {dof}")
+    if dof <= len(_T975):
+        return _T975[dof - 1]
+    z = 1.959963984540054
+    return (z + (z**3 + z) / (4 * dof) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * dof**3))
 
 
 def _ci95(values: np.ndarray) -> float:
@@ -352,7 +365,7 @@ def _ci95(values: np.ndarray) -> float:
     values = values[~np.isnan(values)]
     if values.size < 2:
         return float("nan")
-    t = _T975[values.size - 2] if values.size - 1 <= len(_T975) else 1.96
+    t = t975(values.size - 1)
     return float(t * values.std(ddof=1) / np.sqrt(values.size))
 
 
