@@ -54,8 +54,7 @@ def run_variant(name: str, overrides: list[str], steps: int, warmup: int) -> dic
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         batch = [sequences[i] for i in next(batches)]
         begin = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            loss, size = sft.batch_loss(model, batch, packed=packing)
+        loss, size = sft.batch_loss(model, batch, packed=packing, precision=precision)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -22,6 +22,7 @@ the trainer's packed update uses (`trace_rl.train.sequences`).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import hashlib
 import importlib.metadata
@@ -369,8 +370,10 @@ class _TreeLayout:
     `index_add` and one `cat`; slicing per node would make each slice's backward a full-size tensor).
     """
 
-    def __init__(self, nodes: Sequence[tuple[int, int, int]], length: int, device: torch.device) -> None:
+    def __init__(self, nodes: Sequence[tuple[int, int, int]], length: int, device: torch.device,
+                 attention_dtype: torch.dtype | None = None) -> None:
         self.length = length
+        self.attention_dtype = attention_dtype
         self.calls = 0
         self.longest = 0
         self.query_sizes: list[int] = []
@@ -430,12 +433,18 @@ class _TreeLayout:
         queries = query.split(self.query_sizes, dim=2)
         keys = key.index_select(2, self.index).split(self.context_sizes, dim=2)
         values = value.index_select(2, self.index).split(self.context_sizes, dim=2)
-        outputs = [
-            torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None, scale=scaling, enable_gqa=gqa
-            )
-            for q, k, v, mask in zip(queries, keys, values, self.masks)
-        ]
+        # under autocast q, k, v often arrive in fp32 (rotary embeddings promote them) and autocast itself
+        # would run the attention in bf16: turn it off and cast node by node, after the gathers
+        device = query.device.type
+        cast = self.attention_dtype is not None and (query.dtype != self.attention_dtype or torch.is_autocast_enabled(device))
+        with torch.autocast(device, enabled=False) if cast else contextlib.nullcontext():
+            outputs = [
+                torch.nn.functional.scaled_dot_product_attention(
+                    *((t.to(self.attention_dtype) for t in (q, k, v)) if cast else (q, k, v)),
+                    attn_mask=mask, dropout_p=dropout, is_causal=mask is None, scale=scaling, enable_gqa=gqa,
+                ).to(query.dtype)
+                for q, k, v, mask in zip(queries, keys, values, self.masks)
+            ]
         self.calls += 1
         return torch.cat(outputs, dim=2).transpose(1, 2).contiguous()
 
@@ -511,6 +520,7 @@ def packed_token_logprobs(
     targets: torch.Tensor,
     *,
     temperature: float = 1.0,
+    attention_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """log softmax(logits / T)[targets[j]] at row index `sources[j]` of one packed row of tree nodes.
 
@@ -522,9 +532,11 @@ def packed_token_logprobs(
     differentiable. Attention goes through a function registered with transformers'
     `AttentionInterface`, switched on for this call only; a model that does not use it the expected
     way (plain causal attention on every layer, no own mask) raises `TreeAttentionUnsupported`.
+    `attention_dtype` (e.g. fp32 under bf16 autocast) runs the attention itself in that dtype: on CPU
+    the bf16 backward of many small attention calls is slower than fp32's.
     """
     device = input_ids.device
-    layout = _TreeLayout(nodes, int(input_ids.shape[1]), device)
+    layout = _TreeLayout(nodes, int(input_ids.shape[1]), device, attention_dtype)
     sources = sources.to(device)
     extra = {"logits_to_keep": sources} if _keeps_logits(model) else {}
     with _tree_attention([model], layout):

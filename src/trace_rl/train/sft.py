@@ -82,12 +82,12 @@ class SFTConfig:
     """`bf16`: the warm start's forward and backward under bf16 autocast (weights and optimiser stay
     fp32); `auto` (`resolved_precision`): bf16 where it was measured faster, fp32 elsewhere. The cache
     key and the record hold the resolved value, so `auto` shares its cache with the precision it
-    resolves to. Packed steps of the demo's warm start (`benchmarks/warm_start_speed.py`): 1.33x
-    faster in bf16 on an AMD EPYC with AVX512-BF16 (the whole warm start 6.2 instead of 9.9 minutes,
-    keeping its regime: 37.8% held-out success, greedy 67.2%; fp32: 41.1%, 67.2%), but 0.92x on a
-    Sapphire Rapids machine with AMX, and a CPU without AVX512-BF16 only emulates it. Its cost:
-    resident memory grows by 2-3 GB (oneDNN keeps a kernel for every new matrix shape). A different
-    policy: check its regime (`benchmarks/warm_start_spread.py`) before a comparison relies on it."""
+    resolves to. bf16 packs each batch to a multiple of `BF16_BUCKET` tokens and keeps the tree
+    attention in fp32 (`batch_loss`). Packed steps of the demo's warm start
+    (`benchmarks/warm_start_speed.py`): plain bf16 autocast was 1.33x faster on an AMD EPYC with
+    AVX512-BF16 (the whole warm start 6.2 instead of 9.9 minutes) but slower than fp32 with AMX; the
+    bucketed recipe is 1.33x faster with AMX too. A CPU without AVX512-BF16 only emulates bf16. A
+    different policy: check its regime (`benchmarks/warm_start_spread.py`) before a comparison relies on it."""
     seed: int = 0
     """Seed of the warm start (demonstrations, tiny init, batches). Separate from the run's seed so
     that runs with different seeds start from one policy, as RL papers start every seed from one
@@ -115,13 +115,12 @@ def native_bf16() -> dict[str, bool]:
 
 def resolved_precision(precision: str) -> str:
     """`fp32` or `bf16`: the warm start's precision on this machine (it trains on the CPU). `auto` is
-    bf16 on a CPU with AVX512-BF16 and without AMX (measured 1.33x faster), else fp32 (with AMX,
-    oneDNN's bf16 kernels for these small shapes were slower than fp32; without AVX512-BF16, bf16
-    is emulated)."""
+    bf16 on a CPU with AVX512-BF16, with or without AMX (`batch_loss`'s bf16 recipe: 1.33x faster a
+    step on a 2-core Xeon with AMX; plain bf16 autocast was 1.33x on an AMD EPYC without AMX and
+    slower than fp32 with AMX), else fp32 (without AVX512-BF16, bf16 is emulated)."""
     if precision != "auto":
         return precision
-    native = native_bf16()
-    return "bf16" if native["avx512_bf16"] and not native["amx_tile"] else "fp32"
+    return "bf16" if native_bf16()["avx512_bf16"] else "fp32"
 
 
 # ---------------------------------------------------------------- demonstrations
@@ -248,6 +247,8 @@ def warm_start(
             "transcript": hashlib.sha256(env_transcript(taskset, env).encode()).hexdigest(),
             # a field at its value from before it existed stays out, so the caches made then stay valid
             "config": {k: v for k, v in asdict(config).items() if (k, v) not in _BEFORE_FIELDS},
+            # bf16 packed rows padded to BF16_BUCKET with fp32 attention (fp32's caches stay valid)
+            **({"bf16_recipe": 2} if config.precision == "bf16" else {}),
             **({"tiny": asdict(tiny)} if tiny not in (None, TinyConfig()) else {}),
         }
     )
@@ -432,24 +433,58 @@ def pack_sft_batch(batch: Sequences) -> Pack:
     return ids_row, positions_row, nodes, torch.from_numpy(np.concatenate(sources)), torch.from_numpy(np.concatenate(targets))
 
 
-def packed_nll(model: Any, pack: Pack) -> torch.Tensor:
+BF16_BUCKET = 128
+"""Under bf16 a packed row is padded to a multiple of this many tokens, and its scored tokens too:
+oneDNN builds a bf16 kernel for every new matrix shape, and a packed row's length differs every step."""
+
+
+def bucket_pack(pack: Pack, multiple: int) -> tuple[Pack, int]:
+    """`pack` padded to a multiple of `multiple` tokens by one more root node that nothing attends to, and
+    its scored tokens to a multiple by scoring that node's first token; returns the padded pack and how
+    many of its scored tokens are real (the first ones). The real tokens' log-probs are unchanged."""
+    ids, positions, nodes, sources, targets = pack
+    length, scored = int(ids.shape[1]), len(targets)
+    extra, more = -length % multiple, -scored % multiple
+    if more and not extra:
+        extra = multiple  # the padded scores need a pad token to sit on
+    if extra:
+        ids = torch.cat([ids, ids.new_zeros(1, extra)], 1)
+        positions = torch.cat([positions, torch.arange(extra, dtype=positions.dtype)[None]], 1)
+        nodes = [*nodes, (length, length + extra, -1)]
+    if more:
+        sources = torch.cat([sources, sources.new_full((more,), length)])
+        targets = torch.cat([targets, targets.new_zeros(more)])
+    return (ids, positions, nodes, sources, targets), scored
+
+
+def packed_nll(model: Any, pack: Pack, *, scored: int | None = None, attention_dtype: torch.dtype | None = None) -> torch.Tensor:
     """`masked_nll` of a batch, computed on its packed tree (`pack_sft_batch`): every demonstration
-    starts with the same ~110-token system prompt, which a padded batch runs once per row."""
+    starts with the same ~110-token system prompt, which a padded batch runs once per row. `scored`:
+    only the first this many scored tokens count (the rest pad a `bucket_pack`)."""
     ids, positions, nodes, sources, targets = pack
     device = next(model.parameters()).device
-    logp = packed_token_logprobs(model, ids.to(device), positions, nodes, sources, targets)
-    return -logp.sum() / max(1, len(targets))
+    logp = packed_token_logprobs(model, ids.to(device), positions, nodes, sources, targets, attention_dtype=attention_dtype)
+    if scored is not None:
+        logp = logp[:scored]
+    return -logp.sum() / max(1, len(logp))
 
 
-def batch_loss(model: Any, batch: Sequences, *, packed: bool) -> tuple[torch.Tensor, int]:
+def batch_loss(model: Any, batch: Sequences, *, packed: bool, precision: str = "fp32") -> tuple[torch.Tensor, int]:
     """(masked loss of the batch, tokens through the model): one packed row (`packed_nll`) or
-    right-padded rows (`masked_nll`)."""
-    if packed:
-        pack = pack_sft_batch(batch)
-        return packed_nll(model, pack), int(pack[0].shape[1])
+    right-padded rows (`masked_nll`). `precision="bf16"`: under bf16 autocast, a packed row padded to
+    `BF16_BUCKET` and its tree attention in fp32 (on a 2-core Xeon with AMX, 0.25 s a step against
+    fp32's 0.33, where plain bf16 took 0.40: new shapes and the attention's bf16 backward ate the gain)."""
     device = next(model.parameters()).device
-    ids, attention, loss_mask = pad_sft_batch(batch)
-    return masked_nll(model, ids.to(device), attention.to(device), loss_mask.to(device)), ids.numel()
+    bf16 = precision == "bf16"
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        if packed:
+            pack, scored = pack_sft_batch(batch), None
+            if bf16:
+                pack, scored = bucket_pack(pack, BF16_BUCKET)
+            loss = packed_nll(model, pack, scored=scored, attention_dtype=torch.float32 if bf16 else None)
+            return loss, int(pack[0].shape[1])
+        ids, attention, loss_mask = pad_sft_batch(batch)
+        return masked_nll(model, ids.to(device), attention.to(device), loss_mask.to(device)), ids.numel()
 
 
 def _read_checkpoint(path: Path, device: torch.device) -> dict[str, Any] | None:
@@ -493,7 +528,7 @@ def train_sft(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_scale)
     batches = length_batches([len(ids) for ids, _ in sequences], config.batch_size, np.random.default_rng(seed))
     packed = config.packing and supports_packed(model)
-    bf16 = resolved_precision(config.precision) == "bf16"
+    precision = resolved_precision(config.precision)
     model.train()
     losses: list[float] = []
     tokens, first, before = 0, 0, 0.0
@@ -511,8 +546,7 @@ def train_sft(
     # than the 1 thread that suits decoding (`model.cpu_threads`).
     with torch_threads(os.cpu_count() or torch.get_num_threads()):
         for step in range(first, config.steps):
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                loss, size = batch_loss(model, [sequences[i] for i in next(batches)], packed=packed)
+            loss, size = batch_loss(model, [sequences[i] for i in next(batches)], packed=packed, precision=precision)
             tokens += size
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
