@@ -86,8 +86,9 @@ class SFTConfig:
     attention in fp32 (`batch_loss`). Packed steps of the demo's warm start
     (`benchmarks/warm_start_speed.py`): plain bf16 autocast was 1.33x faster on an AMD EPYC with
     AVX512-BF16 (the whole warm start 6.2 instead of 9.9 minutes) but slower than fp32 with AMX; the
-    bucketed recipe is 1.33x faster with AMX too. A CPU without AVX512-BF16 only emulates bf16. A
-    different policy: check its regime (`benchmarks/warm_start_spread.py`) before a comparison relies on it."""
+    bucketed recipe is 1.28x faster with AMX too (4.9 instead of 7.1 minutes). A CPU without
+    AVX512-BF16 only emulates bf16. A different policy: check its regime
+    (`benchmarks/warm_start_spread.py`) before a comparison relies on it."""
     seed: int = 0
     """Seed of the warm start (demonstrations, tiny init, batches). Separate from the run's seed so
     that runs with different seeds start from one policy, as RL papers start every seed from one
@@ -115,7 +116,7 @@ def native_bf16() -> dict[str, bool]:
 
 def resolved_precision(precision: str) -> str:
     """`fp32` or `bf16`: the warm start's precision on this machine (it trains on the CPU). `auto` is
-    bf16 on a CPU with AVX512-BF16, with or without AMX (`batch_loss`'s bf16 recipe: 1.33x faster a
+    bf16 on a CPU with AVX512-BF16, with or without AMX (`batch_loss`'s bf16 recipe: 1.28x faster a
     step on a 2-core Xeon with AMX; plain bf16 autocast was 1.33x on an AMD EPYC without AMX and
     slower than fp32 with AMX), else fp32 (without AVX512-BF16, bf16 is emulated)."""
     if precision != "auto":
