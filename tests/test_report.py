@@ -191,6 +191,30 @@ def test_a_long_method_name_is_wrapped_at_its_underscores_to_fit_the_legend_marg
     assert long_part.replace("\n", "") == "x" * 45
 
 
+def test_a_single_run_shows_each_evaluations_95_percent_interval_and_several_runs_their_spread(tmp_path: Path) -> None:
+    from trace_rl.report.plots import Z95, curve
+
+    lines = [
+        {"step": 5, "val/accuracy_sampled": 0.50, "val/accuracy_sampled_se": 0.033, "val/accuracy_greedy": 0.7},
+        {"step": 10, "val/accuracy_sampled": 0.41, "val/accuracy_sampled_se": 0.031, "val/accuracy_greedy": 0.6},
+        {"step": 15, "val/accuracy_sampled": 0.44},  # an older run's line without an SE
+    ]
+    for seed in (0, 1):
+        (tmp_path / f"seed_{seed}").mkdir()
+        (tmp_path / f"seed_{seed}" / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    one = [load_run(tmp_path / "seed_0")]
+    sampled = curve(one, "val/accuracy_sampled")
+    assert sampled is not None and sampled.interval is not None
+    np.testing.assert_allclose(sampled.interval[:2], [Z95 * 0.033, Z95 * 0.031])
+    assert np.isnan(sampled.interval[2])
+    greedy = curve(one, "val/accuracy_greedy")
+    assert greedy is not None and greedy.interval is None  # greedy decoding logs no SE
+    both = curve(one + [load_run(tmp_path / "seed_1")], "val/accuracy_sampled")
+    assert both is not None and both.runs == 2 and both.interval is None
+    written = plot_runs({"trace": [tmp_path / "seed_0"]}, tmp_path / "out")
+    assert "accuracy" in [p.stem for p in written]
+
+
 def test_load_run_merges_lines_by_step_and_drops_a_cut_last_line(tmp_path: Path) -> None:
     run = tmp_path / "r"
     run.mkdir()

@@ -111,6 +111,23 @@ def test_resume_reaches_the_same_metrics_and_weights_as_an_unbroken_run(tmp_path
         assert torch.equal(a, b)
 
 
+def test_eval_on_start_logs_the_starting_policys_accuracy_as_step_0_once(tmp_path):
+    cache = tmp_path / "cache"
+    config = small_config(steps=2, checkpoint_every=1, eval_on_start=True)
+    trainer = build_trainer(config, scripted_parts(config, cache), tmp_path / "run")
+    trainer.run()
+    logged = metrics_without_timing(tmp_path / "run")
+    assert [m["step"] for m in logged] == [0, 1, 2]
+    assert {k for k in logged[0] if k != "method"} == {"step", "val/accuracy_greedy", "val/accuracy_sampled", "val/accuracy_sampled_se", "val/accuracy_sampled_se_tasks"}
+    resumed = build_trainer(replace(config, train=replace(config.train, steps=3)), scripted_parts(config, cache), tmp_path / "run")
+    assert resumed.load_checkpoint() == 2
+    resumed.run()  # a resumed run began long ago: no second step-0 line
+    assert [m["step"] for m in metrics_without_timing(tmp_path / "run")] == [0, 1, 2, 3]
+    folder = RunDir(tmp_path / "run")
+    folder.rewind(-1)  # a resume with no checkpoint starts again from step 0, its evaluation included
+    assert folder.metrics() == [] and folder.tree_files() == {}
+
+
 def test_a_lora_run_trains_only_its_adapters_and_resumes_to_the_same_weights(tmp_path):
     pytest.importorskip("peft")
     cache = tmp_path / "cache"

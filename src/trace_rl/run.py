@@ -469,7 +469,7 @@ def train_run(
     if state is not None:
         trainer.restore(state)
     else:
-        folder.rewind(0)
+        folder.rewind(-1)  # from the start: a step-0 evaluation (`train.eval_on_start`) is made again too
     steps_bar = bar.task(run_label(folder.path, config.rollout.method), total=config.train.steps, completed=trainer.step) if bar else None
 
     def on_step(step: int, metrics: dict[str, float]) -> None:

@@ -124,7 +124,7 @@ class RunDir:
 
     def rewind(self, step: int) -> None:
         """Drop the records of steps after `step` (metrics lines, a line the kill cut short, tree files):
-        a run resumed at `step` makes them again."""
+        a run resumed at `step` makes them again; -1 drops them all, step 0's evaluation included."""
         self.truncate_metrics(step)
         for later, path in self.tree_files().items():
             if later > step:

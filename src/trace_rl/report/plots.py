@@ -27,6 +27,9 @@ from trace_rl.rundir import START, read_metrics
 METHOD_ORDER = tuple(METHODS)
 """The registry's method names, in its order; they keep one colour each across every figure and table."""
 
+Z95 = 1.96
+"""Normal quantile of a two-sided 95% interval (one run's evaluation: hundreds of samples)."""
+
 ROLLOUTS_KEY = "rollout/rollouts_total"
 """Cumulative rollouts (leaves) so far: the x axis of accuracy-per-budget curves."""
 
@@ -224,6 +227,11 @@ class Curve:
     high: np.ndarray  # (T,)
     runs: int
     """Runs that logged this key at least once."""
+    interval: np.ndarray | None = None
+    """(T,) half-width of a single run's 95% interval at each x, 1.96 x the `<key>_se` it logged there
+    (NaN where it logged none); None for several runs (their band shows the spread) or without an SE.
+    It is the evaluation's own noise: two points of one run on the same held-out tasks differ by more
+    than it only when the policy changed."""
 
 
 def curve(runs: Sequence[RunMetrics], key: str, x: Literal["step", "rollouts"] = "step") -> Curve | None:
@@ -234,6 +242,7 @@ def curve(runs: Sequence[RunMetrics], key: str, x: Literal["step", "rollouts"] =
     without that counter are left out of such a curve.
     """
     per_step: dict[int, list[tuple[float, float]]] = {}
+    se_by_step: dict[int, float] = {}
     used = 0
     for run in runs:
         if x == "rollouts" and ROLLOUTS_KEY not in run.keys():
@@ -244,10 +253,15 @@ def curve(runs: Sequence[RunMetrics], key: str, x: Literal["step", "rollouts"] =
             if key in row:
                 per_step.setdefault(step, []).append((spent if x == "rollouts" else float(step), row[key]))
                 logged = True
+                if f"{key}_se" in row:
+                    se_by_step[step] = row[f"{key}_se"]
         used += logged
     if not per_step:
         return None
     steps = sorted(per_step)
+    interval = None
+    if used == 1 and se_by_step:
+        interval = np.array([Z95 * se_by_step.get(s, math.nan) for s in steps])
     xs = np.array([np.mean([p[0] for p in per_step[s]]) for s in steps])
     ys = [np.array([p[1] for p in per_step[s]]) for s in steps]
     return Curve(
@@ -256,6 +270,7 @@ def curve(runs: Sequence[RunMetrics], key: str, x: Literal["step", "rollouts"] =
         low=np.array([v.min() for v in ys]),
         high=np.array([v.max() for v in ys]),
         runs=used,
+        interval=interval,
     )
 
 
@@ -339,6 +354,8 @@ def _draw(panel: Panel, curves: dict[tuple[str, str], Curve], colors: dict[str, 
             ax.fill_between(c.x, c.low, c.high, color=color, alpha=0.15, linewidth=0)
         elif c.runs >= 2:
             ax.errorbar(c.x, c.mean, yerr=[c.mean - c.low, c.high - c.mean], color=color, capsize=3, linewidth=1)
+        elif c.interval is not None and (shown := np.isfinite(c.interval)).any():
+            ax.errorbar(c.x[shown], c.mean[shown], yerr=c.interval[shown], fmt="none", color=color, capsize=3, linewidth=1)
     methods = list(dict.fromkeys(method for method, _ in curves))
     handles = [Line2D([], [], color=colors[m], linewidth=2, label=_wrap_name(m)) for m in methods]
     used_keys = [(key, label) for key, label in panel.keys if any(k == key for _, k in curves)]
@@ -349,6 +366,8 @@ def _draw(panel: Panel, curves: dict[tuple[str, str], Curve], colors: dict[str, 
     title = panel.title
     if max_seeds > 1:
         title += f"\nmean over seeds (up to {max_seeds}), band: min–max"
+    elif any(c.interval is not None for c in curves.values()):
+        title += "\nbars: 95% interval of each evaluation's own sampling noise"
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("training step" if panel.x == "step" else "rollouts spent (cumulative)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -93,6 +93,10 @@ class TrainConfig:
     """Evaluate on the held-out split every this many steps (and after the last); 0: never."""
     eval_samples: int = 4
     """Sampled rollouts per held-out task for `val/accuracy_sampled` (greedy is one rollout)."""
+    eval_on_start: bool = False
+    """Also evaluate the starting policy before the first step, logged as step 0, so a single run shows
+    where it began (as transformers' `eval_on_start`). It draws from the sampling RNG, so a run with it
+    does not repeat one without it step by step. `compare` evaluates each seed's start once itself."""
     checkpoint_every: int = 5
     dapo_max_rounds: int = 4
     """DAPO dynamic sampling: at most this many collection rounds per step to fill the batch."""
@@ -225,6 +229,8 @@ class Trainer:
         if stop is not None:
             stop.listening = True
         try:
+            if self.step == 0 and self.cfg.eval_on_start and not (stop and stop.requested):
+                self._log(self.evaluate())
             while self.step < self.cfg.steps and not (stop and stop.requested):
                 metrics = self.train_step()
                 final = self.step == self.cfg.steps
