@@ -61,8 +61,10 @@ class SFTConfig:
     the tiny policy's held-out greedy success after 400 steps was 0%, with 0.05 9%)."""
     steps: int = 1200
     """Optimiser steps; batches are drawn epoch by epoch from the demonstrations. The tiny policy's
-    held-out multihop success (64 questions, 16 samples at T=1) is 17% after 900 steps and 42%
-    after 1,200 (`benchmarks/warm_start_spread.py`)."""
+    held-out multihop success (64 questions, 16 samples at T=1) is 42% after 1,200 steps (4.9 minutes
+    in bf16 on a 2-core Xeon with AMX) and 25% after 900 (3.7 minutes, the demo's: `configs/demo.yaml`),
+    both spread over [0, 1] (`benchmarks/warm_start_spread.py`); a step's time grows with its tokens, so
+    fewer steps is what makes a warm start shorter."""
     batch_size: int = 8
     """Sequences per step (of similar length, see `length_batches`)."""
     lr: float = 1e-3
