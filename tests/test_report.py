@@ -215,6 +215,16 @@ def test_a_single_run_shows_each_evaluations_95_percent_interval_and_several_run
     assert "accuracy" in [p.stem for p in written]
 
 
+def test_a_panels_title_says_what_its_bars_are_the_interval_of() -> None:
+    from trace_rl.report.plots import PANELS, panel_title
+
+    panels = {panel.name: panel for panel in PANELS}
+    assert panel_title(panels["accuracy"], 1, True).endswith("bars: 95% interval of each evaluation's own sampling noise")
+    assert panel_title(panels["calibration"], 1, True).endswith("bars: 95% interval of each step's Brier over its prompts")
+    assert panel_title(panels["calibration"], 3, True).endswith("mean over seeds (up to 3), band: min–max")
+    assert panel_title(panels["calibration"], 1, False) == panels["calibration"].title
+
+
 def test_load_run_merges_lines_by_step_and_drops_a_cut_last_line(tmp_path: Path) -> None:
     run = tmp_path / "r"
     run.mkdir()

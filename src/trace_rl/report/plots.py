@@ -61,6 +61,8 @@ class Panel:
     unit_range: bool = False
     """Fix the y axis to [0, 1] (shares). Accuracies keep matplotlib's range: on [0, 1] a 5-point gain
     between two curves near 0.2 was too thin to read."""
+    bars: str = "each evaluation's own sampling noise"
+    """What a single run's error bars (1.96 x a key's logged `<key>_se`) are the 95% interval of."""
 
 
 PANELS: tuple[Panel, ...] = (
@@ -108,6 +110,7 @@ PANELS: tuple[Panel, ...] = (
             ("predictor/brier_history", "Brier, per-prompt history"),
         ),
         "error",
+        bars="each step's Brier over its prompts",
     ),
     Panel(
         "calibration_census",
@@ -336,6 +339,13 @@ def _wrap_name(name: str, width: int = _LEGEND_WIDTH) -> str:
     return "\n".join(textwrap.fill(line, width, break_on_hyphens=False) for line in lines)
 
 
+def panel_title(panel: Panel, max_seeds: int, intervals: bool) -> str:
+    """The panel's title and what its bands or bars show: the spread over seeds, or one run's 95% intervals."""
+    if max_seeds > 1:
+        return f"{panel.title}\nmean over seeds (up to {max_seeds}), band: min–max"
+    return f"{panel.title}\nbars: 95% interval of {panel.bars}" if intervals else panel.title
+
+
 def _draw(panel: Panel, curves: dict[tuple[str, str], Curve], colors: dict[str, str], path: Path) -> Path:
     Figure, Line2D, MaxNLocator = _matplotlib()
     fig = Figure(figsize=(7.6, 3.8), dpi=110)
@@ -362,12 +372,7 @@ def _draw(panel: Panel, curves: dict[tuple[str, str], Curve], colors: dict[str, 
         # wrapped: the legend sits in the right margin, where a long label was cut off at the edge
         handles += [Line2D([], [], color="black", linestyle=styles[k], label=textwrap.fill(label, _LEGEND_WIDTH)) for k, label in used_keys]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    title = panel.title
-    if max_seeds > 1:
-        title += f"\nmean over seeds (up to {max_seeds}), band: min–max"
-    elif any(c.interval is not None for c in curves.values()):
-        title += "\nbars: 95% interval of each evaluation's own sampling noise"
-    ax.set_title(title, fontsize=10)
+    ax.set_title(panel_title(panel, max_seeds, any(c.interval is not None for c in curves.values())), fontsize=10)
     ax.set_xlabel("training step" if panel.x == "step" else "rollouts spent (cumulative)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(panel.ylabel)
