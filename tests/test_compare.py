@@ -56,6 +56,17 @@ def test_summary_reports_intervals_and_what_reaching_the_baseline_cost(tmp_path)
     assert "| trace | 3 | 0.600 | 0.700 | 0.470 ± " in table and "tokens to it" in table
 
 
+def test_holding_the_baseline_accuracy_ignores_an_early_lucky_evaluation(tmp_path):
+    _run(tmp_path / "grpo" / "seed_0", [0.30, 0.45, 0.30, 0.42, 0.42], tokens_per_step=10.0)  # a spike at step 2
+    _run(tmp_path / "trace" / "seed_0", [0.43, 0.44, 0.45, 0.46, 0.41])  # ends below grpo's final 0.42
+    summary = summarise(tmp_path, _config(["grpo", "trace"], [0], steps=5))
+    grpo, trace = summary["methods"]["grpo"], summary["methods"]["trace"]
+    assert grpo["rollouts_to_baseline_accuracy"] == 128.0  # first reached at the spike
+    assert grpo["rollouts_to_hold_baseline_accuracy"] == 256.0 and grpo["tokens_to_hold_baseline_accuracy"] == 40.0
+    assert trace["rollouts_to_baseline_accuracy"] == 64.0 and math.isnan(trace["rollouts_to_hold_baseline_accuracy"])
+    assert "| 128 | 20 | 256 | — |" in summary_table(summary)  # grpo: first reach, its tokens, holds from; no step after 5
+
+
 def test_one_seed_has_no_interval(tmp_path):
     _run(tmp_path / "grpo" / "seed_0", [0.5])
     summary = summarise(tmp_path, _config(["grpo"], [0], steps=1))
