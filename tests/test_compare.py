@@ -67,6 +67,21 @@ def test_holding_the_baseline_accuracy_ignores_an_early_lucky_evaluation(tmp_pat
     assert "| 128 | 20 | 256 | — |" in summary_table(summary)  # grpo: first reach, its tokens, holds from; no step after 5
 
 
+def test_a_runs_own_evaluation_of_its_start_counts_as_nothing_spent(tmp_path):
+    """`train.eval_on_start` logs a step-0 line with the accuracy and no rollout counters."""
+    for method, start, accuracies in (("grpo", 0.30, [0.31, 0.35]), ("trace", 0.36, [0.33, 0.40])):
+        run = RunDir(tmp_path / method / "seed_0")
+        run.append_metrics({"step": 0, "val/accuracy_sampled": start, "val/accuracy_sampled_se": 0.01})
+        _run(tmp_path / method / "seed_0", accuracies)
+    summary = summarise(tmp_path, _config(["grpo", "trace"], [0], steps=2))
+    trace = summary["methods"]["trace"]
+    assert trace["final_accuracy"] == pytest.approx(0.40)
+    # trace's start (0.36) is already at grpo's final 0.35, then it dips below and ends above: first reach at
+    # no cost, held from step 2
+    assert trace["rollouts_to_baseline_accuracy"] == 0.0 and trace["tokens_to_baseline_accuracy"] == 0.0
+    assert trace["rollouts_to_hold_baseline_accuracy"] == 128.0
+
+
 def test_one_seed_has_no_interval(tmp_path):
     _run(tmp_path / "grpo" / "seed_0", [0.5])
     summary = summarise(tmp_path, _config(["grpo"], [0], steps=1))

@@ -376,12 +376,16 @@ def _mean_over_steps(runs: list[list[dict[str, Any]]], key: str, *, after_step: 
 
 
 def _mean_curve(runs: list[list[dict[str, Any]]], key: str) -> list[tuple[float, float, float]]:
-    """(rollouts spent, tokens generated, accuracy) at each evaluated step, averaged over the seeds that have it."""
+    """(rollouts spent, tokens generated, accuracy) at each evaluated step, averaged over the seeds that have it.
+    What was spent is carried forward from the last line that logged it (0 before any), as the report's
+    curves do: a run's `train.eval_on_start` line (step 0) has spent nothing and logs no counters."""
     by_step: dict[int, list[tuple[float, float, float]]] = {}
     for run in runs:
+        rollouts = tokens = 0.0
         for m in run:
+            rollouts, tokens = m.get("rollout/rollouts_total", rollouts), m.get("rollout/tokens_total", tokens)
             if key in m:
-                by_step.setdefault(int(m["step"]), []).append((m["rollout/rollouts_total"], m["rollout/tokens_total"], m[key]))
+                by_step.setdefault(int(m["step"]), []).append((rollouts, tokens, m[key]))
     return [tuple(float(x) for x in np.mean(v, axis=0)) for _, v in sorted(by_step.items())]  # type: ignore[misc]
 
 
