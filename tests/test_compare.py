@@ -56,6 +56,30 @@ def test_summary_reports_intervals_and_what_reaching_the_baseline_cost(tmp_path)
     assert "| trace | 3 | 0.600 | 0.700 | 0.470 ± " in table and "tokens to it" in table
 
 
+def test_the_predictors_steps_over_a_quarter_are_counted_after_the_warm_up_and_beyond_their_noise(tmp_path):
+    run = RunDir(tmp_path / "trace" / "seed_0")
+    # steps 1-5 (warm-up, not counted) all over 0.25; then 0.20 (under), 0.26 within 2 SE, 0.40 beyond, 0.25 exactly
+    briers = [0.5] * 5 + [0.20, 0.26, 0.40, 0.25]
+    for step, brier in enumerate(briers, 1):
+        run.append_metrics({"step": step, "tree/effective_ratio": 0.5, "tree/effective_per_candidate": 0.25,
+                            "tree/mixed_budget_share": 0.5, "rollout/rollouts_total": 64.0 * step,
+                            "rollout/tokens_total": 100.0 * step, "predictor/brier": brier, "predictor/brier_se": 0.03,
+                            "predictor/brier_constant": 0.24 if step > 5 else 0.9, "val/accuracy_sampled": 0.3})
+    summary = summarise(tmp_path, _config(["trace"], [0], steps=len(briers)))
+    trace = summary["methods"]["trace"]
+    assert trace["predictor_brier_over_quarter"] == pytest.approx(3 / 4)  # 0.26, 0.40 and 0.25 of the four after step 5
+    assert trace["predictor_brier_over_quarter_2se"] == pytest.approx(1 / 4)  # only 0.40 - 2 x 0.03 is past 0.25
+    assert trace["predictor_brier_constant"] == pytest.approx(0.24)
+    assert "| 0.240 | 75.0% (25.0%) |" in summary_table(summary)
+
+
+def test_runs_that_did_not_log_the_brier_standard_error_leave_that_share_unknown(tmp_path):
+    _run(tmp_path / "trace" / "seed_0", [0.3] * 8)  # predictor/brier 0.2 after the warm-up, no predictor/brier_se
+    trace = summarise(tmp_path, _config(["trace"], [0], steps=8))["methods"]["trace"]
+    assert trace["predictor_brier_over_quarter"] == 0.0 and math.isnan(trace["predictor_brier_over_quarter_2se"])
+    assert math.isnan(trace["predictor_brier_constant"])
+
+
 def test_holding_the_baseline_accuracy_ignores_an_early_lucky_evaluation(tmp_path):
     _run(tmp_path / "grpo" / "seed_0", [0.30, 0.45, 0.30, 0.42, 0.42], tokens_per_step=10.0)  # a spike at step 2
     _run(tmp_path / "trace" / "seed_0", [0.43, 0.44, 0.45, 0.46, 0.41])  # ends below grpo's final 0.42

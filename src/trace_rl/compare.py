@@ -291,6 +291,8 @@ def summarise(out: Path, config: CompareConfig) -> dict[str, Any]:
             "rollouts": float(np.mean([r[-1]["rollout/rollouts_total"] for r in runs])),
             "tokens": float(np.mean([r[-1]["rollout/tokens_total"] for r in runs])),
             "predictor_brier": _mean_over_steps(runs, "predictor/brier", after_step=5),
+            "predictor_brier_constant": _mean_over_steps(runs, "predictor/brier_constant", after_step=5),
+            **_brier_steps_over_quarter(runs),
             "allocation_overhead_share": _mean_over_steps(runs, "timing_s/allocation_overhead_share"),
             "accuracy_gain": _nanmean(gains),
             "accuracy_gain_ci95": _ci95(gains),
@@ -370,6 +372,23 @@ def _ci95(values: np.ndarray) -> float:
     return float(t * values.std(ddof=1) / np.sqrt(values.size))
 
 
+def _brier_steps_over_quarter(runs: list[list[dict[str, Any]]], after_step: int = 5) -> dict[str, float]:
+    """The issue's per-step test of the predictor: the share of logged steps after the warm-up whose Brier
+    is 0.25 (a constant 0.5's) or more, and the share more than two of that step's standard errors above it
+    (`predictor/brier_se`): a step's Brier over 64 outcomes is noisy, so a sound predictor still crosses
+    0.25 now and then (benchmarks/brier_floor.py), and only the second share says it is broken."""
+    scored = [m for r in runs for m in r if "predictor/brier" in m and m["step"] > after_step]
+    if not scored:
+        return {"predictor_brier_over_quarter": float("nan"), "predictor_brier_over_quarter_2se": float("nan")}
+    brier = np.array([m["predictor/brier"] for m in scored])
+    se = np.array([m.get("predictor/brier_se", float("nan")) for m in scored])
+    beyond = brier - 2 * se >= 0.25
+    return {
+        "predictor_brier_over_quarter": float(np.mean(brier >= 0.25)),
+        "predictor_brier_over_quarter_2se": float("nan") if np.isnan(se).any() else float(np.mean(beyond)),
+    }
+
+
 def _mean_over_steps(runs: list[list[dict[str, Any]]], key: str, *, after_step: int = 0) -> float:
     values = [m[key] for r in runs for m in r if key in m and m["step"] > after_step]
     return float(np.mean(values)) if values else float("nan")
@@ -425,15 +444,16 @@ def summary_table(summary: dict[str, Any]) -> str:
     header = (
         "| method | seeds | effective ratio | effective gradient ratio (budget share in mixed groups) | final accuracy (95% CI over seeds) "
         f"| gain over the start | against {baseline}, paired by seed | evaluation SE | rollouts | rollouts to {baseline}'s final accuracy | tokens to it "
-        "| rollouts from which it stays there | predictor Brier (after step 5) |"
+        "| rollouts from which it stays there | predictor Brier (after step 5) | running-mean constant's Brier "
+        "| steps with Brier >= 0.25 (by over 2 SE) |"
     )
-    lines = [header, "|" + "---|" * 13]
+    lines = [header, "|" + "---|" * 15]
     nan = float("nan")
     start = summary.get(START)
     if start:
         lines.append(
             f"| {START} (start, no RL) | {start['seeds']:.0f} | — | — | {start['final_accuracy']:.3f} ± {_or_dash(start['final_accuracy_ci95'], '.3f')} "
-            f"| — | — | {_or_dash(start['final_accuracy_eval_se'], '.3f')} | 0 | — | — | — | — |"
+            f"| — | — | {_or_dash(start['final_accuracy_eval_se'], '.3f')} | 0 | — | — | — | — | — | — |"
         )
     for method, f in summary["methods"].items():
         reach, tokens = f.get("rollouts_to_baseline_accuracy", nan), f.get("tokens_to_baseline_accuracy", nan)
@@ -441,12 +461,15 @@ def summary_table(summary: dict[str, Any]) -> str:
         ci, se, brier = f.get("final_accuracy_ci95", nan), f.get("final_accuracy_eval_se", nan), f.get("predictor_brier", nan)
         gain, gain_ci = f.get("accuracy_gain", nan), f.get("accuracy_gain_ci95", nan)
         versus, versus_ci = f.get("accuracy_vs_baseline", nan), f.get("accuracy_vs_baseline_ci95", nan)
+        over, over_2se = f.get("predictor_brier_over_quarter", nan), f.get("predictor_brier_over_quarter_2se", nan)
+        crossings = "—" if np.isnan(over) else f"{over:.1%}" + ("" if np.isnan(over_2se) else f" ({over_2se:.1%})")
         lines.append(
             f"| {method} | {f['seeds']:.0f} | {f['effective_ratio']:.3f} | {f['mixed_budget_share']:.3f} "
             f"| {f['final_accuracy']:.3f} ± {_or_dash(ci, '.3f')} | {_or_dash(gain, '+.3f')} ± {_or_dash(gain_ci, '.3f')} "
             f"| {'—' if np.isnan(versus) else f'{versus:+.3f} ± ' + _or_dash(versus_ci, '.3f')} "
             f"| {_or_dash(se, '.3f')} | {f['rollouts']:.0f} "
-            f"| {_or_dash(reach, '.0f')} | {_or_dash(tokens, '.0f')} | {_or_dash(held, '.0f')} | {_or_dash(brier, '.3f')} |"
+            f"| {_or_dash(reach, '.0f')} | {_or_dash(tokens, '.0f')} | {_or_dash(held, '.0f')} | {_or_dash(brier, '.3f')} "
+            f"| {_or_dash(f.get('predictor_brier_constant', nan), '.3f')} | {crossings} |"
         )
     reached = summary["methods"].get(baseline, {}).get("final_accuracy", nan)
     if start and reached <= start["final_accuracy"]:
