@@ -170,11 +170,28 @@ def test_a_second_sigterm_stops_at_once_leaving_the_last_checkpoint_and_exit_143
     while not (latest.exists() and latest.read_text() == "step_0001.pt"):
         assert process.poll() is None
         time.sleep(0.05)
+    time.sleep(0.5)  # into step 2: a signal right after step 1's checkpoint finds the loop's stop check and stops there
     stderr = stopped_twice(process)
     last = stderr.strip().splitlines()[-1]
     assert "stopped by SIGTERM at once" in last and "the last checkpoint is step" in last and "--resume" in last
     assert RunDir(run_dir).load_checkpoint()["step"] == max(RunDir(run_dir).checkpoint_files())
     assert not [p.name for p in run_dir.rglob(".*tmp*")], "an interrupted write leaves no temporary file"
+
+
+def test_a_signal_while_the_process_exits_still_gives_128_plus_its_number():
+    # A stopped run returns 143 and the interpreter then shuts down (torch's teardown takes a moment); a second
+    # SIGTERM landing there must not kill the process by the signal (-15 to a caller) but exit 143 at once.
+    late_signal = (
+        "import atexit, os, signal, time\n"
+        "import trace_rl.cli as cli\n"
+        "cli.main = lambda argv=None: print('{\"done\": true}') or 0\n"
+        "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(30)))\n"
+        "cli.run()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", late_signal], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-2000:]
+    assert result.stdout.strip() == '{"done": true}' and "Traceback" not in result.stderr
 
 
 def compare_config(tmp_path: Path) -> Path:

@@ -1,4 +1,4 @@
-from trace_rl.cli import main
+from trace_rl.cli import run
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run()

@@ -386,5 +386,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The `trace-rl` process: `main`, then exit with its code. Outside `main`'s own handling (before it,
+    and after it returned, while the interpreter shuts torch down) a SIGINT or SIGTERM ends the process at
+    once with 128 + its number, as a stop during a command does: left to the default action, a second
+    SIGTERM arriving as a stopped run exits would kill the process, which a caller sees as a signal
+    death (-15), not exit 143. `main` restores this handler when its block ends, so no window is left."""
+
+    def exit_now(signum: int, frame: object) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()  # what the command printed last (its JSON line) is still wanted
+            except (OSError, ValueError, RuntimeError):
+                pass
+        os._exit(128 + signum)
+
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, exit_now)
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()
