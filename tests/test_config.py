@@ -5,6 +5,7 @@ from typing import Literal
 import pytest
 
 from trace_rl.config import ConfigError, dump_yaml, load_config
+from trace_rl.models import PRESETS
 
 
 @dataclass
@@ -75,8 +76,6 @@ def test_shipped_configs_load(name):
     is_compare = "methods" in yaml.safe_load(path.read_text())  # a comparison's config names its methods
     config = load_config(CompareConfig if is_compare else RunConfig, path)  # every key is known
     run = config.run if is_compare else config
-    from trace_rl.models import PRESETS
-
     # a shipped config runs from what the repo and its packages hold: a model preset, a bundled task
     assert run.model.name in PRESETS and run.task.name in ("multihop", "toolmath") and run.rollout.budget > 0
 
