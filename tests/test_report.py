@@ -254,8 +254,9 @@ def test_viewer_data_embeds_backup_values_budgets_and_predictions(tmp_path: Path
     data = viewer_data([("trace", run)])
     (only,) = data["runs"]
     assert [s["step"] for s in only["steps"]] == [1, 2, 3]
-    tree_data = only["steps"][1]["trees"][1]
+    (tree_data,) = [t for t in only["steps"][1]["trees"] if t["index"] == 1]
     tree = read_jsonl(run / "trees" / "step_0002.jsonl")[1]
+    assert tree_data["task_id"] == tree.task_id
     backup = tree.backup()
     nodes = tree_data["nodes"]
     assert nodes["value"] == pytest.approx([round(v, 4) for v in backup.values])
@@ -284,8 +285,27 @@ def test_viewer_data_stays_within_its_limits(tmp_path: Path) -> None:
     assert any(t["nodes_total"] > 5 for s in steps for t in s["trees"])
     assert len(embed_json(data)) < 80_000
     five = next(s for s in steps if s["step"] == 5)
+    assert five["trees_total"] == five["trees_sampled"] == 1
     assert "more characters]" in five["trees"][0]["nodes"]["observation"][1]
     assert len(five["trees"][0]["prompt"]) < 600
+
+
+def test_viewer_offers_mixed_trees_first_then_sampled_ones_then_prompts_without_rollouts(tmp_path: Path) -> None:
+    def tree(task_id: str, rewards: list[float]) -> RolloutTree:
+        made = RolloutTree.new(task_id, f"question {task_id}")
+        for reward in rewards:
+            made.add_turn(0, thought="t", action='answer("x")', reward=reward)
+        return made
+
+    trees = [tree("empty-a", []), tree("agree-2", [0.0, 0.0]), tree("mixed-2", [1.0, 0.0]), tree("empty-b", []),
+             tree("agree-4", [1.0] * 4), tree("mixed-5", [0.0, 1.0, 0.0, 0.0, 1.0]), tree("mixed-2b", [0.0, 1.0])]
+    run = write_run(tmp_path / "run", steps=1, evil=False)
+    write_jsonl(trees, run / "trees" / "step_0001.jsonl")
+    step = viewer_data([("trace", run)], ViewerLimits(max_trees_per_step=6))["runs"][0]["steps"][0]
+    shown = [t["task_id"] for t in step["trees"]]
+    assert shown == ["mixed-5", "mixed-2", "mixed-2b", "agree-4", "agree-2", "empty-a"]
+    assert [t["index"] for t in step["trees"]] == [5, 2, 6, 4, 1, 0]
+    assert step["trees_total"] == 7 and step["trees_sampled"] == 5
 
 
 def test_viewer_reports_an_unreadable_step_file_and_keeps_the_rest(tmp_path: Path) -> None:
@@ -325,7 +345,7 @@ def test_write_report_is_self_contained_and_escapes_model_text(tmp_path: Path) -
     assert not re.search(r"<(link|iframe)\b|src=\"http|href=\"http|@import", page)
     assert page.count('src="data:image/png;base64,') == 6
     data = embedded_data(page)
-    step1 = data["runs"][0]["steps"][0]["trees"][0]
+    (step1,) = [t for t in data["runs"][0]["steps"][0]["trees"] if t["index"] == 0]
     assert step1["nodes"]["thought"][1] == f"thinking {EVIL}"  # round-trips exactly
     assert step1["nodes"]["observation"][1] == EVIL_OBSERVATION
     assert "critic/score/mean" in page and "config.yaml" in page and "seed: 0" in page

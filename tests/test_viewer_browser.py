@@ -132,10 +132,11 @@ def test_report_loads_cleanly_and_draws_the_last_steps_first_tree(page: Page, re
     assert page.errors == [] and page.dialogs == [] and page.requests == []
 
 
-def test_clicking_a_node_shows_its_turn_as_plain_text(page: Page) -> None:
+def test_clicking_a_node_shows_its_turn_as_plain_text(page: Page, report: Path) -> None:
     p = page.page
-    p.select_option("#tv-step", "0")  # step 1 holds the tree with script-like model text
-    p.select_option("#tv-tree", "0")
+    p.select_option("#tv-step", "0")  # step 1's first tree (in its file) holds script-like model text
+    offered = [t["index"] for t in embedded_data(report.read_text(encoding="utf-8"))["runs"][0]["steps"][0]["trees"]]
+    p.select_option("#tv-tree", str(offered.index(0)))
     p.locator('#tv-canvas .tv-node[data-node-id="1"]').click()
     detail = p.locator("#tv-detail").inner_text()
     assert "Node 1" in detail

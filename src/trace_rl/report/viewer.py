@@ -5,16 +5,17 @@ SVG with inline JS: no network, no external files. Model text is untrusted, so i
 with `textContent` (never `innerHTML`), and the embedded JSON escapes `<`, `>` and `&` so no text can
 close the script element.
 
-The data is bounded so the page stays small: a few evenly spaced steps per run, the first trees of
-each step, the first nodes of very large trees (ids are dense with parents first, so a prefix of
+The data is bounded so the page stays small: a few evenly spaced steps per run, the most telling trees
+of each step (`showcase_order`: mixed first; a TRACE step samples only some of its candidates, so the
+file's order would open on prompts that got no rollout), the first nodes of very large trees (ids are dense with parents first, so a prefix of
 the node list is still a tree), and texts cut with a visible marker to fit a byte budget.
 
 Embedded data (`viewer_data`), for reference when changing the JS:
 
-    {"runs": [{"label", "path", "steps": [{"step", "file", "trees_total", "metrics": {...},
+    {"runs": [{"label", "path", "steps": [{"step", "file", "trees_total", "trees_sampled", "metrics": {...},
                "error": str | null, "trees": [TREE, ...]}]}],
      "limits": {...}, "text_chars": int, "warnings": [str]}
-    TREE = {"task_id", "prompt", "source", "nodes_total", "leaves", "successes", "mixed",
+    TREE = {"index" (its line in the step's file, from 0), "task_id", "prompt", "source", "nodes_total", "leaves", "successes", "mixed",
             "nodes": {"parent": [...], "depth": [...], "thought": [...], "action": [...],
                       "observation": [...], "info": [...], "reward": [...], "value": [...],
                       "leaves": [...], "predicted": [...], "stage2_value": [...], "budget": [...], "mixed_anchor": [...],
@@ -49,7 +50,7 @@ class ViewerLimits:
     max_steps: int = 8
     """Steps per run: evenly spaced over the run, first and last included."""
     max_trees_per_step: int = 16
-    """Trees per step, in the order of the step's file."""
+    """Trees per step, the first in `showcase_order`."""
     max_nodes_per_tree: int = 400
     """Nodes per tree; bigger trees keep their first nodes (ids are parents-first, so still a tree)."""
     max_text_chars: int = 2000
@@ -92,10 +93,13 @@ def viewer_data(runs: Sequence[tuple[str, str | Path]], limits: ViewerLimits | N
         steps = []
         for step in chosen:
             try:
-                steps.append((step, files[step], read_jsonl(files[step]), None))
+                trees = read_jsonl(files[step])
             except (OSError, ValueError) as exc:
                 warnings.append(f"{label}: step {step}: {exc}")
                 steps.append((step, files[step], None, str(exc)))
+                continue
+            order = showcase_order(trees)
+            steps.append((step, files[step], [(int(i), trees[i]) for i in order], None))
         loaded.append((label, Path(run_dir), steps))
 
     trees_per_step, text_chars = _fit(loaded, limits)
@@ -107,21 +111,33 @@ def viewer_data(runs: Sequence[tuple[str, str | Path]], limits: ViewerLimits | N
     out_runs = []
     for label, run_dir, steps in loaded:
         out_steps = []
-        for step, file, trees, error in steps:
+        for step, file, shown, error in steps:
+            trees = [tree for _, tree in shown or []]
             out_steps.append(
                 {
                     "step": step,
                     "file": file.name,
-                    "trees_total": len(trees) if trees is not None else 0,
+                    "trees_total": len(trees),
+                    "trees_sampled": sum(tree.leaf_rewards().size > 0 for tree in trees),
                     "metrics": _rounded(tree_metrics(trees)) if trees else {},
                     "error": error,
                     "trees": [
-                        _tree_data(t, text_chars, limits.max_nodes_per_tree) for t in (trees or [])[:trees_per_step]
+                        {"index": index, **_tree_data(tree, text_chars, limits.max_nodes_per_tree)}
+                        for index, tree in (shown or [])[:trees_per_step]
                     ],
                 }
             )
         out_runs.append({"label": label, "path": str(run_dir), "steps": out_steps})
     return {"runs": out_runs, "limits": asdict(limits), "text_chars": text_chars, "warnings": warnings}
+
+
+def showcase_order(trees: Sequence[RolloutTree]) -> np.ndarray:
+    """The order the viewer offers a step's trees in: mixed trees (a success and a failure) first, then
+    the other trees that got rollouts, then prompts with none; within each, the most leaves first (Stage
+    2's expansions), and the file's order on ties."""
+    leaves = np.array([tree.leaf_rewards().size for tree in trees], dtype=np.int64)
+    group = np.array([0 if tree.is_mixed() else 1 if n else 2 for tree, n in zip(trees, leaves)], dtype=np.int64)
+    return np.lexsort((np.arange(len(trees)), -leaves, group))
 
 
 def _spread(items: list[int], count: int) -> list[int]:
@@ -139,7 +155,7 @@ def _fit(loaded: list[Any], limits: ViewerLimits) -> tuple[int, int]:
         nodes = 0
         for _, _, steps in loaded:
             for _, _, trees, _ in steps:
-                for tree in (trees or [])[:per_step]:
+                for _, tree in (trees or [])[:per_step]:
                     kept = tree.nodes[: limits.max_nodes_per_tree]
                     nodes += len(kept)
                     lengths.append(len(tree.prompt))
@@ -400,8 +416,8 @@ VIEWER_JS = r"""
     }
     if (step.error) { message.textContent = "Could not read " + step.file + ": " + step.error; return; }
     var m = step.metrics;
-    summary.textContent = "step " + step.step + " (" + step.file + "): " + step.trees_total + " trees, showing " +
-      step.trees.length + " · effective ratio " + fmt(m["tree/effective_ratio"], 2) + " · mixed budget share " +
+    summary.textContent = "step " + step.step + " (" + step.file + "): " + step.trees_total + " trees, " +
+      step.trees_sampled + " with rollouts; showing " + step.trees.length + ", mixed first · effective ratio " + fmt(m["tree/effective_ratio"], 2) + " · mixed budget share " +
       fmt(m["tree/mixed_budget_share"], 2) + " · leaves " + fmt(m["tree/leaves"], 0);
   }
 
