@@ -4,18 +4,21 @@ results section from those files.
     python scripts/results.py export runs/paper_main docs/results/paper_main --config configs/paper_main.yaml
     python scripts/results.py readme            # rewrites README.md between the results markers
     python scripts/results.py reproduce docs/results/paper_main/trace/seed_0 --commit f6b809b --steps 2
+    python scripts/results.py signal            # which allocation figure goes with held-out gain, over every folder
 
 An exported folder holds what it takes to check or redo every number: the compare config and the
 command, `summary.json` / `summary.md` as `trace-rl compare` wrote them (recomputed from the copied
 runs), each run's `config.yaml`, `metrics.jsonl` and `code.json` at `<method>/seed_<k>/` (no checkpoints, no
 trees), and the plots. The README's tables are `trace_rl.compare.summary_table` of each
 `summary.json`, so a table can only say what the files say. `reproduce` reruns a run folder's first
-steps with the code it was made with and checks that they give the numbers it recorded.
+steps with the code it was made with and checks that they give the numbers it recorded. `signal` reads
+every committed run at once and asks which per-step figure of the allocation goes with learning.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import shutil
@@ -23,6 +26,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from trace_rl.compare import CompareConfig, summarise, summary_table
@@ -140,6 +144,93 @@ def compare_steps(recorded: dict[int, dict], rerun: dict[int, dict], steps: int)
                 mismatches.append({"step": step, "key": key, "recorded": recorded[step][key], "rerun": value})
     return compared, mismatches
 
+def _run_signal(run: Path, start: Path, steps: int, budget: int) -> dict | None:
+    """One run's held-out gain over its start and its allocation figures (means over its training
+    steps); None for a run not finished to `steps`, without a start, or that spent other than `budget`
+    rollouts a step (DAPO's redraws: the comparison is at an equal budget)."""
+    lines = list(read_metrics(run / "metrics.jsonl"))
+    final = [r["val/accuracy_sampled"] for r in lines if r.get("step") == steps and "val/accuracy_sampled" in r]
+    first = [r["val/accuracy_sampled"] for r in read_metrics(start) if "val/accuracy_sampled" in r] if start.is_file() else []
+    train = [r for r in lines if "tree/effective_ratio" in r and "tree/prompts_sampled" in r and "tree/leaves" in r]
+    spent = [r["rollout/rollouts_total"] for r in lines if r.get("step") == steps and "rollout/rollouts_total" in r]
+    if not final or not first or not train or spent[-1:] != [budget * steps]:
+        return None
+    ratio, share = np.array([r["tree/effective_ratio"] for r in train]), np.array([r["tree/mixed_budget_share"] for r in train])
+    sampled, leaves = np.array([r["tree/prompts_sampled"] for r in train]), np.array([r["tree/leaves"] for r in train])
+    mixed = ratio * sampled  # prompts with a success and a failure, a step
+    figures = {"effective_ratio": ratio.mean(), "mixed_budget_share": share.mean(), "prompts_sampled": sampled.mean(),
+               "mixed_prompts": mixed.mean(), "samples_per_mixed_prompt": (share * leaves).mean() / max(mixed.mean(), 1e-12)}
+    return {"gain": final[-1] - first[0], **{k: float(v) for k, v in figures.items()}}
+
+
+def _correlation(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Pearson's r; None where either side does not vary (no ranking to compare)."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(x) < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return None
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def signal(results: Path) -> dict:
+    """Which figure of the allocation goes with held-out gain, over every comparison under `results`.
+
+    A regime is one budget within a folder (how many candidates a step offers is the method's choice,
+    as `grpo_8x8`'s 8 against 32); folders that share a run (a run copied
+    into another comparison, identical metrics) are one regime, and a shared run counts once. Within each
+    regime with two or more methods, each figure and the gain are taken relative to the regime's mean,
+    over method means (seeds averaged) and over single runs, and pooled: the Pearson correlation of the
+    two says how well the figure ranks methods by what they learned, free of each regime's own level.
+    Regimes with three or more methods also get their own correlation over method means.
+    """
+    runs: dict[str, dict] = {}  # by method, seed and the metrics file's hash
+    parent: dict[str, str] = {}
+
+    def root(folder: str) -> str:
+        while parent.setdefault(folder, folder) != folder:
+            folder = parent[folder]
+        return folder
+
+    for folder in sorted(p for p in results.iterdir() if (p / "summary.json").is_file()):
+        steps = int(json.loads((folder / "summary.json").read_text())["config"]["run"]["train"]["steps"])
+        for run in sorted(folder.glob("*/seed_*")):
+            if run.parent.name == "react" or not (run / "metrics.jsonl").is_file():
+                continue
+            key = f"{run.parent.name}/{run.name}/{hashlib.sha256((run / 'metrics.jsonl').read_bytes()).hexdigest()}"
+            if key in runs:
+                parent[root(folder.name)] = root(runs[key]["folder"])
+                continue
+            budget = int(((yaml.safe_load((run / "config.yaml").read_text()) or {}).get("rollout") or {}).get("budget", 0))
+            found = _run_signal(run, folder / "react" / run.name / "metrics.jsonl", steps, budget)
+            if found is None:
+                continue
+            runs[key] = {"folder": folder.name, "budget": budget, "method": run.parent.name, **found}
+    regimes: dict[str, dict[str, list[dict]]] = {}
+    for run in runs.values():
+        together = " + ".join(sorted(f for f in {r["folder"] for r in runs.values()} if root(f) == root(run["folder"])))
+        name = f"{together} (budget {run['budget']})"
+        regimes.setdefault(name, {}).setdefault(run["method"], []).append(run)
+    figures = [k for k in next(iter(runs.values()), {}) if k not in ("folder", "budget", "method", "gain")]
+    pooled = {level: {k: [] for k in ["gain", *figures]} for level in ("methods", "runs")}
+    table, within = {}, {}
+    for name, methods in sorted(regimes.items()):
+        if len(methods) < 2:
+            continue
+        means = {m: {k: float(np.mean([r[k] for r in rs])) for k in ["gain", *figures]} | {"seeds": len(rs)} for m, rs in methods.items()}
+        table[name] = means
+        if len(methods) >= 3:  # enough methods for a regime's own ranking to say something
+            gains = [means[m]["gain"] for m in methods]
+            within[name] = {k: _correlation([means[m][k] for m in methods], gains) for k in figures}
+        every = [r for rs in methods.values() for r in rs]
+        for k in ["gain", *figures]:
+            level = np.array([means[m][k] for m in methods])
+            pooled["methods"][k] += list(level - level.mean())
+            single = np.array([r[k] for r in every])
+            pooled["runs"][k] += list(single - single.mean())
+    correlation = {level: {k: _correlation(v[k], v["gain"]) for k in figures} for level, v in pooled.items()}
+    return {"regimes": table, "points": {level: len(v["gain"]) for level, v in pooled.items()}, "correlation_with_gain": correlation,
+            "correlation_within_regime": within}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -156,7 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     again.add_argument("--commit", help="the commit the run was made with (default: its code.json)")
     again.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                        help="a dotted override, for a field the run's config predates (repeatable)")
+    signals = commands.add_parser("signal", help="which allocation figure goes with held-out gain, over every results folder")
+    signals.add_argument("--results", type=Path, default=REPO / "docs" / "results")
     args = parser.parse_args(argv)
+    if args.command == "signal":
+        print(json.dumps(signal(args.results), indent=1))
+        return 0
     if args.command == "reproduce":
         result = reproduce(args.run_dir, args.steps, args.commit, args.overrides)
         print(json.dumps(result))

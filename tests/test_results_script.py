@@ -76,3 +76,47 @@ def test_export_again_from_the_results_folders_own_config(tmp_path: Path) -> Non
     (dest / "compare.yaml").write_text(config.read_text().replace("seeds: [0, 1]", "seeds: [0]"))
     summary = results.export(dest, dest, dest / "compare.yaml")  # the summary again, from the exported runs themselves
     assert summary["methods"]["grpo"]["seeds"] == 1
+
+
+def _signal_run(folder: Path, method: str, seed: int, *, share: float, gain: float, budget: int = 8, spent: int = 8) -> Path:
+    """A finished two-step run with its start: `share` of its budget in mixed groups, `gain` over the start."""
+    run = folder / method / f"seed_{seed}"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(f"seed: {seed}\nrollout:\n  method: {method}\n  budget: {budget}\n")
+    lines = [{"step": step, "tree/effective_ratio": share, "tree/mixed_budget_share": share, "tree/prompts_sampled": 4.0,
+              "tree/leaves": float(spent), "rollout/rollouts_total": float(spent * step)} for step in (1, 2)]
+    lines.append({"step": 2, "val/accuracy_sampled": 0.2 + gain})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    start = folder / "react" / f"seed_{seed}"
+    start.mkdir(parents=True, exist_ok=True)
+    (start / "metrics.jsonl").write_text(json.dumps({"step": 0, "val/accuracy_sampled": 0.2}) + "\n")
+    return run
+
+
+def test_signal_ranks_figures_by_how_they_go_with_the_gain_within_each_regime(tmp_path: Path) -> None:
+    """Each regime's level is taken out, a run copied into another folder counts once (and joins the two
+    folders into one regime), and a run that spent more than the budget (DAPO's redraws) is left out."""
+    import shutil
+
+    for name in ("first", "second", "third"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps({"config": {"run": {"train": {"steps": 2}}}}))
+    for seed in (0, 1):  # gain follows the mixed share exactly, on top of each regime's own level (0.3, 0)
+        _signal_run(tmp_path / "first", "low", seed, share=0.2, gain=0.3 + 0.02)
+        _signal_run(tmp_path / "first", "high", seed, share=0.6, gain=0.3 + 0.06)
+        _signal_run(tmp_path / "second", "mid", seed, share=0.4, gain=0.3 + 0.04)
+        _signal_run(tmp_path / "second", "redraws", seed, share=0.9, gain=-0.5, spent=32)
+        _signal_run(tmp_path / "third", "a", seed, share=0.2, gain=0.02, budget=16, spent=16)
+        _signal_run(tmp_path / "third", "b", seed, share=0.6, gain=0.06, budget=16, spent=16)
+    shutil.copytree(tmp_path / "first" / "low", tmp_path / "second" / "low")
+    found = results.signal(tmp_path)
+    joined, alone = "first + second (budget 8)", "third (budget 16)"
+    assert set(found["regimes"]) == {joined, alone}
+    assert set(found["regimes"][joined]) == {"low", "high", "mid"}
+    assert found["points"] == {"methods": 5, "runs": 10}
+    assert found["correlation_with_gain"]["methods"]["mixed_budget_share"] == pytest.approx(1.0)
+    assert found["correlation_with_gain"]["runs"]["effective_ratio"] == pytest.approx(1.0)
+    assert found["correlation_with_gain"]["methods"]["prompts_sampled"] is None  # the same everywhere: no ranking
+    assert found["correlation_within_regime"][joined]["mixed_prompts"] == pytest.approx(1.0)
+    assert alone not in found["correlation_within_regime"]  # two methods rank nothing on their own
+    assert found["regimes"][joined]["high"]["samples_per_mixed_prompt"] == pytest.approx(0.6 * 8 / (0.6 * 4))
