@@ -350,6 +350,17 @@ def test_write_report_is_self_contained_and_escapes_model_text(tmp_path: Path) -
     assert step1["nodes"]["observation"][1] == EVIL_OBSERVATION
     assert "critic/score/mean" in page and "config.yaml" in page and "seed: 0" in page
     assert "innerHTML" not in page
+    assert "method <b>trace</b> (budget: 20) ·" in page  # the rollout settings that differ from the defaults
+
+
+def test_a_runs_report_names_its_rollout_options_and_none_for_the_defaults(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run")
+    (run / "config.yaml").write_text("rollout:\n  method: trace\n  stage2_objective: prompt\n  stage2_evidence: true\n")
+    assert "method <b>trace</b> (stage2_objective: prompt, stage2_evidence: true) ·" in build_report(run).html.read_text()
+    (run / "config.yaml").write_text("rollout:\n  method: trace\n  stage2_objective: anchor\n")
+    assert "method <b>trace</b> ·" in build_report(run).html.read_text()
+    (run / "config.yaml").write_text("- not: a mapping\n")
+    assert "method <b>trace</b> ·" in build_report(run).html.read_text()
 
 
 def test_write_report_for_a_comparison_folder(tmp_path: Path) -> None:

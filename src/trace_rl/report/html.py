@@ -7,6 +7,7 @@ mailed or opened offline; the PNGs are also written next to it for slides and pa
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import json
 from collections.abc import Sequence
@@ -15,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from trace_rl.report.plots import RunMetrics, find_runs, load_run, method_sort_key, plot_metrics
 from trace_rl.report.viewer import ViewerLimits, viewer_data, viewer_section
+from trace_rl.rollout import RolloutConfig
 
 HEADLINE_KEYS = (
     "critic/score/mean",
@@ -106,7 +109,7 @@ def _page(folder: Path, comparison: bool, runs: dict[str, list[RunMetrics]], plo
         steps = list(run.rows)
         parts.append("<h2>Summary</h2>")
         parts.append(
-            f'<p class="meta">method <b>{esc(method)}</b> · {len(steps)} logged steps'
+            f'<p class="meta">method <b>{esc(method)}</b>{esc(_rollout_options(folder))} · {len(steps)} logged steps'
             + (f" ({steps[0]}–{steps[-1]})" if steps else "")
             + "</p>"
         )
@@ -235,6 +238,19 @@ def _config_block(folder: Path, comparison: bool) -> str:
             return ""
         text, name = path.read_text(encoding="utf-8"), "config.yaml"
     return f"<h2>Config</h2><details><summary>{html.escape(name)}</summary><pre>{html.escape(text)}</pre></details>"
+
+
+def _rollout_options(folder: Path) -> str:
+    """The run's `rollout.*` settings that differ from their defaults (` (stage2_objective: prompt, ...)`),
+    so a variant of a method reads as one; empty where there are none or config.yaml cannot be read."""
+    try:
+        rollout = (yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8")) or {}).get("rollout") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return ""
+    defaults = {f.name: f.default for f in dataclasses.fields(RolloutConfig) if f.default is not dataclasses.MISSING}
+    changed = [f"{k}: {v if isinstance(v, str) else json.dumps(v)}" for k, v in rollout.items()
+               if k in defaults and k != "method" and v != defaults[k]]
+    return f" ({', '.join(changed)})" if changed else ""
 
 
 def _last(run: RunMetrics, key: str) -> float | None:
