@@ -144,6 +144,7 @@ def compare_steps(recorded: dict[int, dict], rerun: dict[int, dict], steps: int)
                 mismatches.append({"step": step, "key": key, "recorded": recorded[step][key], "rerun": value})
     return compared, mismatches
 
+
 def _run_signal(run: Path, start: Path, steps: int, budget: int) -> dict | None:
     """One run's held-out gain over its start and its allocation figures (means over its training
     steps); None for a run not finished to `steps`, without a start, or that spent other than `budget`
@@ -175,12 +176,12 @@ def signal(results: Path) -> dict:
     """Which figure of the allocation goes with held-out gain, over every comparison under `results`.
 
     A regime is one budget within a folder (how many candidates a step offers is the method's choice,
-    as `grpo_8x8`'s 8 against 32); folders that share a run (a run copied
-    into another comparison, identical metrics) are one regime, and a shared run counts once. Within each
-    regime with two or more methods, each figure and the gain are taken relative to the regime's mean,
-    over method means (seeds averaged) and over single runs, and pooled: the Pearson correlation of the
-    two says how well the figure ranks methods by what they learned, free of each regime's own level.
-    Regimes with three or more methods also get their own correlation over method means.
+    as `grpo_8x8`'s 8 against 32); folders that share a run (a run copied into another comparison,
+    identical metrics) are one regime, and a shared run counts once. Within each regime with two or more
+    methods, each figure and the gain are taken relative to the regime's mean, over method means (seeds
+    averaged) and over single runs, and pooled: the Pearson correlation of the two says how well the
+    figure ranks methods by what they learned, free of each regime's own level. Regimes with three or
+    more methods also get their own correlation over method means.
     """
     runs: dict[str, dict] = {}  # by method, seed and the metrics file's hash
     parent: dict[str, str] = {}
