@@ -7,15 +7,17 @@ close the script element.
 
 The data is bounded so the page stays small: a few evenly spaced steps per run, the most telling trees
 of each step (`showcase_order`: mixed first; a TRACE step samples only some of its candidates, so the
-file's order would open on prompts that got no rollout), the first nodes of very large trees (ids are dense with parents first, so a prefix of
-the node list is still a tree), and texts cut with a visible marker to fit a byte budget.
+file's order would open on prompts that got no rollout), the first nodes of very large trees (ids are
+dense with parents first, so a prefix of the node list is still a tree), and texts cut with a visible
+marker to fit a byte budget.
 
 Embedded data (`viewer_data`), for reference when changing the JS:
 
     {"runs": [{"label", "path", "steps": [{"step", "file", "trees_total", "trees_sampled", "metrics": {...},
                "error": str | null, "trees": [TREE, ...]}]}],
      "limits": {...}, "text_chars": int, "warnings": [str]}
-    TREE = {"index" (its line in the step's file, from 0), "task_id", "prompt", "source", "nodes_total", "leaves", "successes", "mixed",
+    TREE = {"index" (its line in the step's file, from 0), "task_id", "prompt", "source", "nodes_total",
+            "leaves", "successes", "mixed",
             "nodes": {"parent": [...], "depth": [...], "thought": [...], "action": [...],
                       "observation": [...], "info": [...], "reward": [...], "value": [...],
                       "leaves": [...], "predicted": [...], "stage2_value": [...], "budget": [...], "mixed_anchor": [...],
