@@ -205,10 +205,12 @@ def signal(results: Path) -> dict:
             if found is None:
                 continue
             runs[key] = {"folder": folder.name, "budget": budget, "method": run.parent.name, **found}
+    joined: dict[str, list[str]] = {}  # each group of folders, named by its root
+    for folder in sorted({run["folder"] for run in runs.values()}):
+        joined.setdefault(root(folder), []).append(folder)
     regimes: dict[str, dict[str, list[dict]]] = {}
     for run in runs.values():
-        together = " + ".join(sorted(f for f in {r["folder"] for r in runs.values()} if root(f) == root(run["folder"])))
-        name = f"{together} (budget {run['budget']})"
+        name = f"{' + '.join(joined[root(run['folder'])])} (budget {run['budget']})"
         regimes.setdefault(name, {}).setdefault(run["method"], []).append(run)
     figures = [k for k in next(iter(runs.values()), {}) if k not in ("folder", "budget", "method", "gain")]
     pooled = {level: {k: [] for k in ["gain", *figures]} for level in ("methods", "runs")}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -96,8 +97,6 @@ def _signal_run(folder: Path, method: str, seed: int, *, share: float, gain: flo
 def test_signal_ranks_figures_by_how_they_go_with_the_gain_within_each_regime(tmp_path: Path) -> None:
     """Each regime's level is taken out, a run copied into another folder counts once (and joins the two
     folders into one regime), and a run that spent more than the budget (DAPO's redraws) is left out."""
-    import shutil
-
     for name in ("first", "second", "third"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "summary.json").write_text(json.dumps({"config": {"run": {"train": {"steps": 2}}}}))

@@ -419,7 +419,8 @@ VIEWER_JS = r"""
     if (step.error) { message.textContent = "Could not read " + step.file + ": " + step.error; return; }
     var m = step.metrics;
     summary.textContent = "step " + step.step + " (" + step.file + "): " + step.trees_total + " trees, " +
-      step.trees_sampled + " with rollouts; showing " + step.trees.length + ", mixed first · effective ratio " + fmt(m["tree/effective_ratio"], 2) + " · mixed budget share " +
+      step.trees_sampled + " with rollouts; showing " + step.trees.length + ", mixed first · effective ratio " +
+      fmt(m["tree/effective_ratio"], 2) + " · mixed budget share " +
       fmt(m["tree/mixed_budget_share"], 2) + " · leaves " + fmt(m["tree/leaves"], 0);
   }
 
