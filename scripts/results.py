@@ -5,6 +5,7 @@ results section from those files.
     python scripts/results.py readme            # rewrites README.md between the results markers
     python scripts/results.py reproduce docs/results/paper_main/trace/seed_0 --commit f6b809b --steps 2
     python scripts/results.py signal            # which allocation figure goes with held-out gain, over every folder
+    python scripts/results.py trees runs/paper_main --out docs/results/paper_main/trees.json   # figures from saved trees
 
 An exported folder holds what it takes to check or redo every number: the compare config and the
 command, `summary.json` / `summary.md` as `trace-rl compare` wrote them (recomputed from the copied
@@ -13,6 +14,8 @@ trees), and the plots. The README's tables are `trace_rl.compare.summary_table` 
 `summary.json`, so a table can only say what the files say. `reproduce` reruns a run folder's first
 steps with the code it was made with and checks that they give the numbers it recorded. `signal` reads
 every committed run at once and asks which per-step figure of the allocation goes with learning.
+`trees` recomputes where the budget went from a comparison's saved trees (which exports leave out),
+for runs made before a `tree/*` figure existed.
 """
 
 from __future__ import annotations
@@ -31,8 +34,10 @@ import yaml
 
 from trace_rl.compare import CompareConfig, summarise, summary_table
 from trace_rl.config import load_config
+from trace_rl.metrics import tree_metrics
 from trace_rl.report.plots import plot_path
 from trace_rl.rundir import code_at, read_metrics, train_with
+from trace_rl.tree import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- results:begin (scripts/results.py readme) -->", "<!-- results:end -->"
@@ -234,6 +239,37 @@ def signal(results: Path) -> dict:
             "correlation_within_regime": within}
 
 
+UNMIXED = ("tree/failed_budget_share", "tree/solved_budget_share", "tree/most_leaves_unmixed")
+"""The budget that cannot teach (`trace_rl.metrics.agreeing_budget`), what `trees` recomputes."""
+
+
+def tree_figures(run: Path, warmup: int, at_least: int) -> dict | None:
+    """A run's `UNMIXED` figures from its saved trees, means over the steps after `warmup`; also the
+    largest `most_leaves_unmixed` and on how many steps some prompt got `at_least` rollouts without
+    mixing. None for a run without saved trees after the warm-up."""
+    steps = [tree_metrics(read_jsonl(path)) for path in sorted((run / "trees").glob("step_*.jsonl"))
+             if int(path.stem.split("_")[1]) > warmup]
+    if not steps:
+        return None
+    most = np.array([m["tree/most_leaves_unmixed"] for m in steps])
+    return {"steps": len(steps), **{k.split("/")[1]: float(np.mean([m[k] for m in steps])) for k in UNMIXED},
+            "most_leaves_unmixed_max": float(most.max()), f"steps_with_{at_least}_or_more_unmixed": int((most >= at_least).sum())}
+
+
+def trees(run_dir: Path, warmup: int = 5, at_least: int = 12) -> dict:
+    """`tree_figures` of every run of a comparison folder that kept its trees, by method and seed, with
+    each method's mean over its seeds."""
+    found: dict[str, dict] = {}
+    for run in sorted(run_dir.glob("*/seed_*"), key=lambda p: (p.parent.name, int(p.name.split("_")[1]))):
+        figures = tree_figures(run, warmup, at_least) if run.parent.name != "react" else None
+        if figures is not None:
+            found.setdefault(run.parent.name, {"seeds": {}})["seeds"][run.name] = figures
+    for method in found.values():
+        seeds = list(method["seeds"].values())
+        method["mean"] = {k: float(np.mean([s[k] for s in seeds])) for k in seeds[0]}
+    return {"warmup": warmup, "at_least": at_least, "methods": found}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -252,7 +288,18 @@ def main(argv: list[str] | None = None) -> int:
                        help="a dotted override, for a field the run's config predates (repeatable)")
     signals = commands.add_parser("signal", help="which allocation figure goes with held-out gain, over every results folder")
     signals.add_argument("--results", type=Path, default=REPO / "docs" / "results")
+    saved = commands.add_parser("trees", help="where the budget went, recomputed from a comparison's saved trees")
+    saved.add_argument("run_dir", type=Path)
+    saved.add_argument("--warmup", type=int, default=5, help="steps left out at the start (default 5)")
+    saved.add_argument("--at-least", type=int, default=12, help="count steps where a prompt got this many rollouts without mixing")
+    saved.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
+    if args.command == "trees":
+        text = json.dumps(trees(args.run_dir, args.warmup, args.at_least), indent=1)
+        if args.out:
+            args.out.write_text(text + "\n")
+        print(text)
+        return 0
     if args.command == "signal":
         print(json.dumps(signal(args.results), indent=1))
         return 0

@@ -1,4 +1,4 @@
-"""scripts/results.py reproduce: a run folder's first steps, rerun with its own code, give its numbers."""
+"""scripts/results.py: reproduce (a run folder's first steps, rerun with its own code, give its numbers), signal, trees."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from repo_files import load
 
 from trace_rl.rundir import code_version
+from trace_rl.tree import RolloutTree, write_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 results = load("scripts/results.py")
@@ -119,3 +120,37 @@ def test_signal_ranks_figures_by_how_they_go_with_the_gain_within_each_regime(tm
     assert found["correlation_within_regime"][joined]["mixed_prompts"] == pytest.approx(1.0)
     assert alone not in found["correlation_within_regime"]  # two methods rank nothing on their own
     assert found["regimes"][joined]["high"]["samples_per_mixed_prompt"] == pytest.approx(0.6 * 8 / (0.6 * 4))
+
+
+def _saved_trees(run: Path, steps: dict[int, list[list[float]]]) -> None:
+    (run / "trees").mkdir(parents=True)
+    for step, prompts in steps.items():
+        batch = []
+        for number, rewards in enumerate(prompts):
+            tree = RolloutTree.new(f"p{number}", f"prompt {number}")
+            for reward in rewards:
+                tree.add_turn(0, reward=reward)
+            batch.append(tree)
+        write_jsonl(batch, run / "trees" / f"step_{step:04d}.jsonl")
+
+
+def test_trees_recomputes_where_the_budget_went_from_saved_trees_after_the_warmup(tmp_path: Path) -> None:
+    """Runs made before the unmixed-budget figures existed get them from their trees; warm-up steps, the
+    starting policy's folder and a run without trees are left out."""
+    _saved_trees(tmp_path / "trace" / "seed_0", {
+        1: [[0.0] * 30],  # the warm-up: not counted
+        6: [[1.0, 0.0], [0.0] * 12, [1.0, 1.0]],  # 16 leaves: 12 failed, 2 solved; one prompt 0 for 12
+        7: [[1.0, 0.0, 0.0], [0.0, 0.0], [1.0] * 3],  # 8 leaves: 2 failed, 3 solved
+    })
+    _saved_trees(tmp_path / "trace" / "seed_1", {6: [[0.0, 1.0]]})
+    _saved_trees(tmp_path / "react" / "seed_0", {6: [[0.0] * 40]})
+    (tmp_path / "grpo" / "seed_0").mkdir(parents=True)
+    found = results.trees(tmp_path, warmup=5, at_least=12)
+    assert set(found["methods"]) == {"trace"}
+    seed0 = found["methods"]["trace"]["seeds"]["seed_0"]
+    assert seed0["steps"] == 2
+    assert seed0["failed_budget_share"] == pytest.approx((12 / 16 + 2 / 8) / 2)
+    assert seed0["solved_budget_share"] == pytest.approx((2 / 16 + 3 / 8) / 2)
+    assert seed0["most_leaves_unmixed"] == pytest.approx((12 + 3) / 2)
+    assert seed0["most_leaves_unmixed_max"] == 12 and seed0["steps_with_12_or_more_unmixed"] == 1
+    assert found["methods"]["trace"]["mean"]["failed_budget_share"] == pytest.approx((seed0["failed_budget_share"] + 0.0) / 2)

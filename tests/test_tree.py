@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from trace_rl.metrics import anchor_mixed_ratio, effective_ratio, mixed_budget_share, tree_metrics
+from trace_rl.metrics import agreeing_budget, anchor_mixed_ratio, effective_ratio, mixed_budget_share, tree_metrics
 from trace_rl.tree import RolloutTree, read_jsonl, subtree_rewards, write_jsonl
 
 
@@ -145,6 +145,23 @@ def test_effective_ratio_counts_only_prompts_with_rollouts():
     assert metrics["tree/tokens_generated"] == 28
     assert metrics["tree/mixed_leaves_per_ktoken"] == pytest.approx(2 / 0.028)  # a's 2 leaves
     assert metrics["tree/mixed_prompts_per_ktoken"] == pytest.approx(1 / 0.028)  # a
+
+
+def test_the_budget_that_cannot_teach_is_split_by_outcome_and_its_largest_prompt_named():
+    trees = [
+        uniform_tree("mixed", [1, 0, 0, 0, 0, 0, 0, 0, 0, 0]),  # 10 leaves, but mixed: not counted as unmixed
+        uniform_tree("solved", [1, 1, 1]),
+        uniform_tree("failed", [0] * 6),  # the allocator kept betting: 0 for 6
+        uniform_tree("pair", [0, 0]),
+        RolloutTree.new("filtered", "no rollouts"),
+    ]
+    failed, solved, most = agreeing_budget(trees)
+    assert (failed, solved, most) == (pytest.approx(8 / 21), pytest.approx(3 / 21), 6)
+    metrics = tree_metrics(trees)
+    assert metrics["tree/failed_budget_share"] + metrics["tree/solved_budget_share"] + metrics["tree/mixed_budget_share"] == pytest.approx(1.0)
+    assert metrics["tree/most_leaves_unmixed"] == 6
+    assert agreeing_budget([uniform_tree("m", [1, 0])]) == (0.0, 0.0, 0)
+    assert agreeing_budget([RolloutTree.new("f", "none")]) == (0.0, 0.0, 0)
 
 
 def test_anchor_mixed_ratio_and_branch_depth():

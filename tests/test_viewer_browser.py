@@ -167,6 +167,9 @@ def test_changing_step_and_prompt_redraws_the_tree(page: Page, report: Path) -> 
             tree = steps[step_index]["trees"][tree_index]
             assert page.node_count() == len(tree["nodes"]["parent"])
             assert p.locator("#tv-question b").inner_text() == tree["task_id"]
-            assert f"step {steps[step_index]['step']}" in p.locator("#tv-step-summary").inner_text()
+            summary = p.locator("#tv-step-summary").inner_text()
+            assert f"step {steps[step_index]['step']}" in summary
+            most = steps[step_index]["metrics"]["tree/most_leaves_unmixed"]
+            assert f"most on one unmixed prompt {most:.0f}" in summary
     assert p.locator("#tv-tree option").count() == len(steps[1]["trees"])
     assert page.errors == [] and page.dialogs == []

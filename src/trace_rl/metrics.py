@@ -53,6 +53,25 @@ def mixed_budget_share(trees: Sequence[RolloutTree]) -> float:
     return float(leaves[mixed].sum() / total) if total else 0.0
 
 
+def agreeing_budget(trees: Sequence[RolloutTree]) -> tuple[float, float, int]:
+    """Where the budget that cannot teach went: the share of all leaves in prompts whose leaves all
+    failed, the share in prompts whose leaves all succeeded (the two and `mixed_budget_share` sum to 1),
+    and the most leaves any prompt got without mixing. An allocator that keeps betting on a prompt it
+    cannot rescue shows here as a prompt that is 0 for 12; uniform sampling's largest is its group size.
+    """
+    failed = solved = most = 0
+    for tree in trees:
+        rewards = tree.leaf_rewards()
+        if rewards.size and not tree.is_mixed():
+            most = max(most, int(rewards.size))
+            if rewards.max() > 0:
+                solved += int(rewards.size)
+            else:
+                failed += int(rewards.size)
+    total = sum(int(t.leaves().size) for t in trees)
+    return (failed / total, solved / total, most) if total else (0.0, 0.0, 0)
+
+
 def generated_tokens(tree: RolloutTree) -> int:
     """Tokens the policy wrote in a tree (every turn's mask ones; the root holds the prompt)."""
     return sum(sum(node.mask) for node in tree.nodes[1:])
@@ -66,10 +85,14 @@ def tree_metrics(trees: Sequence[RolloutTree]) -> dict[str, float]:
     branch_depths = [t.nodes[a].depth for t in trees for a in t.anchors() if a != 0]
     mixed = np.array([t.is_mixed() for t in trees], dtype=bool)
     kilotokens = sum(generated_tokens(t) for t in trees) / 1000.0
+    failed, solved, most_unmixed = agreeing_budget(trees)
     return {
         "tree/effective_ratio": effective_ratio(trees),
         "tree/effective_per_candidate": float(mixed.mean()) if len(trees) else 0.0,
         "tree/mixed_budget_share": mixed_budget_share(trees),
+        "tree/failed_budget_share": failed,
+        "tree/solved_budget_share": solved,
+        "tree/most_leaves_unmixed": float(most_unmixed),
         "tree/anchor_mixed_ratio": anchor_mixed_ratio(trees),
         "tree/leaves_per_prompt": float(leaves[sampled].mean()) if sampled.any() else 0.0,
         "tree/prompts_sampled": float(sampled.sum()),

@@ -95,6 +95,19 @@ PANELS: tuple[Panel, ...] = (
         unit_range=True,
     ),
     Panel(
+        "unmixed_budget",
+        "Budget in trees that never mixed (cannot teach)",
+        (("tree/failed_budget_share", "all failed"), ("tree/solved_budget_share", "all succeeded")),
+        "share of rollouts",
+        unit_range=True,
+    ),
+    Panel(
+        "most_leaves_unmixed",
+        "Most rollouts one prompt got without mixing (0 for 12 reads 12)",
+        (("tree/most_leaves_unmixed", "rollouts"),),
+        "rollouts",
+    ),
+    Panel(
         "per_ktoken",
         "What 1,000 generated tokens buy (rollout.budget_unit: tokens spends them)",
         (("tree/mixed_leaves_per_ktoken", "leaves in mixed trees"), ("tree/mixed_prompts_per_ktoken", "mixed prompts")),

@@ -421,7 +421,8 @@ VIEWER_JS = r"""
     summary.textContent = "step " + step.step + " (" + step.file + "): " + step.trees_total + " trees, " +
       step.trees_sampled + " with rollouts; showing " + step.trees.length + ", mixed first · effective ratio " +
       fmt(m["tree/effective_ratio"], 2) + " · mixed budget share " +
-      fmt(m["tree/mixed_budget_share"], 2) + " · leaves " + fmt(m["tree/leaves"], 0);
+      fmt(m["tree/mixed_budget_share"], 2) + " · leaves " + fmt(m["tree/leaves"], 0) +
+      " · most on one unmixed prompt " + fmt(m["tree/most_leaves_unmixed"], 0);
   }
 
   function layout(tree) {
