@@ -3,7 +3,9 @@
 The paper's V_pref values a prefix by the chance that its anchor turns mixed, but the effective ratio
 counts prompts: one flip in a prompt whose bare rollouts all agree makes that prompt useful, more
 flips in a prompt that already mixed add no prompt. `rollout.stage2_objective: prompt`
-(`trace_rl.allocate.expand_for_prompts`) maximises the expected number of prompts that end mixed.
+(`trace_rl.allocate.expand_for_prompts`) maximises the expected number of prompts that end mixed;
+it values nothing else, so what the agreeing prompts cannot use well still goes to them, down to long
+shots (`most_leaves_unmixed`: the most rollouts one prompt got without mixing, a batch's mean).
 This runs the allocation benchmark (`trace_rl.bench`, the latent-tree simulator, the planner that
 trains) twice on the same worlds and prompts, once per objective, for `trace` with the learned
 predictor and `trace@oracle` (true probabilities), and prints both objectives' figures side by side
@@ -43,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     for row in ROWS:
         figures = {}
-        for name in FIGURES:
+        for name in (*FIGURES, "most_leaves_unmixed"):
             anchor, prompt = runs["anchor"]["methods"][row][name], runs["prompt"]["methods"][row][name]
             figures[name] = {"anchor": anchor, "prompt": prompt, "ratio": prompt / anchor if anchor else float("nan")}
         rows[row] = figures

@@ -400,5 +400,6 @@ def test_the_stage2_objective_benchmark_runs_both_objectives_on_the_same_worlds(
     result = module.main(["--prompts", "16", "--budget", "64", "--seeds", "1", "--batches", "2", "--workers", "1"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
     assert all(f["ratio"] == 1.0 for f in result["rows"]["grpo"].values())
+    assert result["rows"]["grpo"]["most_leaves_unmixed"]["anchor"] <= 64 / 16  # uniform: a group of 4 at most
     oracle = result["rows"]["trace@oracle"]["effective_ratio"]
     assert oracle["ratio"] == oracle["prompt"] / oracle["anchor"]

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from trace_rl.bench import ROWS, TOKEN_FIGURES, BenchConfig, learned_rows, run_batch, run_benchmark
+from trace_rl.bench import ROWS, TOKEN_FIGURES, UNMIXED_FIGURES, BenchConfig, learned_rows, run_batch, run_benchmark
 from trace_rl.metrics import FIGURES, tree_metrics
 from trace_rl.sim import LatentTreeSimulator, SimConfig
 from trace_rl.tree import RolloutTree
@@ -137,8 +137,9 @@ def test_small_benchmark_returns_every_method_and_figure() -> None:
     result = run_benchmark(**SMALL)
     assert set(result["methods"]) == set(ROWS)
     for figures in result["methods"].values():
-        names = FIGURES + TOKEN_FIGURES
+        names = FIGURES + TOKEN_FIGURES + UNMIXED_FIGURES
         assert set(figures) == set(names) | {f"{name}_std" for name in names}
+        assert figures["failed_budget_share"] + figures["solved_budget_share"] + figures["mixed_budget_share"] == pytest.approx(1.0)
         assert all(0.0 <= figures[name] <= 1.0 for name in FIGURES)
         assert figures["leaves"] == 96 and figures["tokens_generated"] > 0
     assert set(result["warmup"]) == set(result["predictor"]) == set(learned_rows(ROWS))

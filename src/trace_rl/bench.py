@@ -67,6 +67,8 @@ leaves every other row's numbers as they were."""
 VALUES = ("oracle", "topic", "noisy")
 TOKEN_FIGURES = ("leaves", "tokens_generated", "mixed_leaves_per_ktoken", "mixed_prompts_per_ktoken")
 """What a batch spent and bought per 1,000 generated tokens (`tree_metrics`), reported beside FIGURES."""
+UNMIXED_FIGURES = ("failed_budget_share", "solved_budget_share", "most_leaves_unmixed")
+"""The budget in prompts that never mixed (`tree_metrics`), reported beside FIGURES."""
 
 
 def parse_row(row: str) -> tuple[str, str | None]:
@@ -237,7 +239,7 @@ def _run_seed(cfg: BenchConfig, seed: int) -> _SeedResult:
                 evidence[row].observe(trees, cfg.allocation().success_threshold)
             table = figures if reported else warmup
             if row in table:  # a warm-up batch of a row without a predictor only teaches it its costs
-                for name in FIGURES + TOKEN_FIGURES:
+                for name in FIGURES + TOKEN_FIGURES + UNMIXED_FIGURES:
                     table[row].setdefault(name, []).append(metrics[f"tree/{name}"])
             if predictor is not None:
                 if reported:
