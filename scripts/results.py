@@ -257,17 +257,25 @@ def tree_figures(run: Path, warmup: int, at_least: int) -> dict | None:
 
 
 def trees(run_dir: Path, warmup: int = 5, at_least: int = 12) -> dict:
-    """`tree_figures` of every run of a comparison folder that kept its trees, by method and seed, with
-    each method's mean over its seeds."""
+    """`tree_figures` of every finished run of a comparison folder that kept its trees (one whose metrics
+    reached its config's `train.steps`), by method and seed, with each method's mean over its seeds;
+    runs still going are listed apart."""
     found: dict[str, dict] = {}
+    unfinished = []
     for run in sorted(run_dir.glob("*/seed_*"), key=lambda p: (p.parent.name, int(p.name.split("_")[1]))):
-        figures = tree_figures(run, warmup, at_least) if run.parent.name != "react" else None
+        if run.parent.name == "react" or not (run / "metrics.jsonl").is_file():
+            continue
+        steps = int(((yaml.safe_load((run / "config.yaml").read_text()) or {}).get("train") or {}).get("steps", 0))
+        if max((int(r.get("step", 0)) for r in read_metrics(run / "metrics.jsonl")), default=0) < steps:
+            unfinished.append(f"{run.parent.name}/{run.name}")
+            continue
+        figures = tree_figures(run, warmup, at_least)
         if figures is not None:
             found.setdefault(run.parent.name, {"seeds": {}})["seeds"][run.name] = figures
     for method in found.values():
         seeds = list(method["seeds"].values())
         method["mean"] = {k: float(np.mean([s[k] for s in seeds])) for k in seeds[0]}
-    return {"warmup": warmup, "at_least": at_least, "methods": found}
+    return {"warmup": warmup, "at_least": at_least, "methods": found, "unfinished": unfinished}
 
 
 def main(argv: list[str] | None = None) -> int:

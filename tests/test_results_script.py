@@ -122,8 +122,10 @@ def test_signal_ranks_figures_by_how_they_go_with_the_gain_within_each_regime(tm
     assert found["regimes"][joined]["high"]["samples_per_mixed_prompt"] == pytest.approx(0.6 * 8 / (0.6 * 4))
 
 
-def _saved_trees(run: Path, steps: dict[int, list[list[float]]]) -> None:
+def _saved_trees(run: Path, steps: dict[int, list[list[float]]], planned: int = 7) -> None:
     (run / "trees").mkdir(parents=True)
+    (run / "config.yaml").write_text(f"train:\n  steps: {planned}\n")
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": step}) + "\n" for step in range(1, max(steps) + 1)))
     for step, prompts in steps.items():
         batch = []
         for number, rewards in enumerate(prompts):
@@ -136,17 +138,19 @@ def _saved_trees(run: Path, steps: dict[int, list[list[float]]]) -> None:
 
 def test_trees_recomputes_where_the_budget_went_from_saved_trees_after_the_warmup(tmp_path: Path) -> None:
     """Runs made before the unmixed-budget figures existed get them from their trees; warm-up steps, the
-    starting policy's folder and a run without trees are left out."""
+    starting policy's folder, a run without trees and a run still going are left out."""
     _saved_trees(tmp_path / "trace" / "seed_0", {
         1: [[0.0] * 30],  # the warm-up: not counted
         6: [[1.0, 0.0], [0.0] * 12, [1.0, 1.0]],  # 16 leaves: 12 failed, 2 solved; one prompt 0 for 12
         7: [[1.0, 0.0, 0.0], [0.0, 0.0], [1.0] * 3],  # 8 leaves: 2 failed, 3 solved
     })
-    _saved_trees(tmp_path / "trace" / "seed_1", {6: [[0.0, 1.0]]})
+    _saved_trees(tmp_path / "trace" / "seed_1", {6: [[0.0, 1.0]]}, planned=6)
+    _saved_trees(tmp_path / "trace" / "seed_2", {6: [[0.0] * 20]}, planned=100)  # still going
     _saved_trees(tmp_path / "react" / "seed_0", {6: [[0.0] * 40]})
     (tmp_path / "grpo" / "seed_0").mkdir(parents=True)
     found = results.trees(tmp_path, warmup=5, at_least=12)
-    assert set(found["methods"]) == {"trace"}
+    assert set(found["methods"]) == {"trace"} and found["unfinished"] == ["trace/seed_2"]
+    assert set(found["methods"]["trace"]["seeds"]) == {"seed_0", "seed_1"}
     seed0 = found["methods"]["trace"]["seeds"]["seed_0"]
     assert seed0["steps"] == 2
     assert seed0["failed_budget_share"] == pytest.approx((12 / 16 + 2 / 8) / 2)
