@@ -55,8 +55,8 @@ def mixed_budget_share(trees: Sequence[RolloutTree]) -> float:
 
 def agreeing_budget(trees: Sequence[RolloutTree]) -> tuple[float, float, int]:
     """Where the budget that cannot teach went: the share of all leaves in prompts whose leaves all
-    failed, the share in prompts whose leaves all succeeded (the two and `mixed_budget_share` sum to 1),
-    and the most leaves any prompt got without mixing. An allocator that keeps betting on a prompt it
+    failed (reward 0), the share in prompts whose leaves all got one positive reward (all succeeded;
+    the two and `mixed_budget_share` sum to 1), and the most leaves any prompt got without mixing. An allocator that keeps betting on a prompt it
     cannot rescue shows here as a prompt that is 0 for 12; uniform sampling's largest is its group size.
     """
     failed = solved = most = 0
