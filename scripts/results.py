@@ -34,9 +34,9 @@ import yaml
 
 from trace_rl.compare import CompareConfig, summarise, summary_table
 from trace_rl.config import load_config
-from trace_rl.metrics import tree_metrics
-from trace_rl.report.plots import plot_path
-from trace_rl.rundir import code_at, read_metrics, train_with
+from trace_rl.metrics import agreeing_budget
+from trace_rl.report.plots import find_runs, plot_path
+from trace_rl.rundir import START, RunDir, code_at, read_metrics, train_with
 from trace_rl.tree import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
@@ -239,20 +239,20 @@ def signal(results: Path) -> dict:
             "correlation_within_regime": within}
 
 
-UNMIXED = ("tree/failed_budget_share", "tree/solved_budget_share", "tree/most_leaves_unmixed")
-"""The budget that cannot teach (`trace_rl.metrics.agreeing_budget`), what `trees` recomputes."""
+UNMIXED = ("failed_budget_share", "solved_budget_share", "most_leaves_unmixed")
+"""The budget that cannot teach (`trace_rl.metrics.agreeing_budget`, logged as `tree/<name>`), what `trees` recomputes."""
 
 
 def tree_figures(run: Path, warmup: int, at_least: int) -> dict | None:
     """A run's `UNMIXED` figures from its saved trees, means over the steps after `warmup`; also the
     largest `most_leaves_unmixed` and on how many steps some prompt got `at_least` rollouts without
     mixing. None for a run without saved trees after the warm-up."""
-    steps = [tree_metrics(read_jsonl(path)) for path in sorted((run / "trees").glob("step_*.jsonl"))
-             if int(path.stem.split("_")[1]) > warmup]
-    if not steps:
+    steps = np.array([agreeing_budget(read_jsonl(path)) for path in sorted((run / "trees").glob("step_*.jsonl"))
+                      if int(path.stem.split("_")[1]) > warmup], dtype=np.float64).reshape(-1, len(UNMIXED))
+    if not steps.size:
         return None
-    most = np.array([m["tree/most_leaves_unmixed"] for m in steps])
-    return {"steps": len(steps), **{k.split("/")[1]: float(np.mean([m[k] for m in steps])) for k in UNMIXED},
+    most = steps[:, 2]
+    return {"steps": len(steps), **{k: float(v) for k, v in zip(UNMIXED, steps.mean(axis=0))},
             "most_leaves_unmixed_max": float(most.max()), f"steps_with_{at_least}_or_more_unmixed": int((most >= at_least).sum())}
 
 
@@ -262,11 +262,9 @@ def trees(run_dir: Path, warmup: int = 5, at_least: int = 12) -> dict:
     runs still going are listed apart."""
     found: dict[str, dict] = {}
     unfinished = []
-    for run in sorted(run_dir.glob("*/seed_*"), key=lambda p: (p.parent.name, int(p.name.split("_")[1]))):
-        if run.parent.name == "react" or not (run / "metrics.jsonl").is_file():
-            continue
+    for run in (run for method, runs in find_runs(run_dir).items() if method != START for run in runs):
         steps = int(((yaml.safe_load((run / "config.yaml").read_text()) or {}).get("train") or {}).get("steps", 0))
-        if max((int(r.get("step", 0)) for r in read_metrics(run / "metrics.jsonl")), default=0) < steps:
+        if RunDir(run).finished_steps() < steps:
             unfinished.append(f"{run.parent.name}/{run.name}")
             continue
         figures = tree_figures(run, warmup, at_least)

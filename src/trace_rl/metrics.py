@@ -59,16 +59,16 @@ def agreeing_budget(trees: Sequence[RolloutTree]) -> tuple[float, float, int]:
     the two and `mixed_budget_share` sum to 1), and the most leaves any prompt got without mixing. An allocator that keeps betting on a prompt it
     cannot rescue shows here as a prompt that is 0 for 12; uniform sampling's largest is its group size.
     """
-    failed = solved = most = 0
+    failed = solved = most = total = 0
     for tree in trees:
         rewards = tree.leaf_rewards()
-        if rewards.size and not tree.is_mixed():
+        total += rewards.size
+        if rewards.size and rewards.max() == rewards.min():  # not mixed (`RolloutTree.is_mixed`)
             most = max(most, int(rewards.size))
             if rewards.max() > 0:
                 solved += int(rewards.size)
             else:
                 failed += int(rewards.size)
-    total = sum(int(t.leaves().size) for t in trees)
     return (failed / total, solved / total, most) if total else (0.0, 0.0, 0)
 
 
