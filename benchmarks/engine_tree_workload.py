@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prefix-cache-mb", type=float, default=1024.0, help="hf engine only (0: off)")
+    parser.add_argument("--precision", default="fp32", choices=("auto", "fp32", "bf16"), help="hf engine only")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     taskset = load_taskset("multihop", split="train", num_tasks=args.tasks, seed=0)
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.url:
         engine = OpenAIEngine(args.url, model="policy")
     else:
-        engine = HFEngine.from_policy(policy, prefix_cache_mb=args.prefix_cache_mb)
+        engine = HFEngine.from_policy(policy, prefix_cache_mb=args.prefix_cache_mb, precision=args.precision)
     config = RolloutConfig(method="trace", budget=args.budget, max_new_tokens=args.max_new_tokens, max_context_tokens=2048)
     collector = TreeRolloutCollector(engine, policy.tokenizer, env, HashedNgramPredictor(), config, seed=0)
     begin = time.perf_counter()
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                 "bench": "engine_tree_workload",
                 "model": args.model,
                 "engine": "openai" if args.url else "hf",
+                "precision": None if args.url else engine.precision,
                 "url": args.url,
                 "threads": args.threads,
                 "tasks": args.tasks,

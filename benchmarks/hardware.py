@@ -11,7 +11,8 @@ import time
 
 import torch
 
-from trace_rl.train.sft import native_bf16, torch_threads
+from trace_rl.models import native_bf16
+from trace_rl.train.sft import torch_threads
 
 
 def cpu_flags() -> dict[str, object]:

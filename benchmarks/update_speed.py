@@ -34,7 +34,7 @@ from types import SimpleNamespace
 
 import torch
 
-from trace_rl.train.sft import native_bf16
+from trace_rl.models import native_bf16
 
 REPO = Path(__file__).resolve().parents[1]
 

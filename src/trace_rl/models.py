@@ -622,6 +622,15 @@ def score_batch(
 # ---------------------------------------------------------------- helpers
 
 
+def native_bf16() -> dict[str, bool]:
+    """Whether this CPU runs bf16 natively, as torch sees it: AVX512-BF16 instructions and AMX tiles
+    (read at each call, so a test can stand in for another CPU)."""
+    def has(name: str) -> bool:
+        return bool(getattr(torch.cpu, name, lambda: False)())
+
+    return {"avx512_bf16": has("_is_avx512_bf16_supported"), "amx_tile": has("_is_amx_tile_supported")}
+
+
 def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype

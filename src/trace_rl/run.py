@@ -330,7 +330,9 @@ def build_engine(model: ModelConfig, policy: Any) -> Engine:
         )
     from trace_rl.engine.hf import HFEngine
 
-    return HFEngine.from_policy(policy, max_batch_size=model.max_batch_size, prefix_cache_mb=model.prefix_cache_mb)
+    return HFEngine.from_policy(
+        policy, max_batch_size=model.max_batch_size, prefix_cache_mb=model.prefix_cache_mb, precision=model.generation_precision
+    )
 
 
 def load_tasks(task: TaskConfig, split: str, num_tasks: int | None) -> TaskSet:

@@ -43,6 +43,21 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from .base import Completion, FinishReason, SamplingParams, check_prompts, cut_at_stop
+from ..models import native_bf16
+from .decoder import Decoder
+
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """`fp32` or `bf16` for a requested generation precision (`auto`: bf16 where it is native)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision != "auto":
+        return precision
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16" if device.type == "cpu" and any(native_bf16().values()) else "fp32"
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -224,6 +239,11 @@ class HFEngine:
     prompts × n stays under it; one prompt with a larger n still runs as one group).
     `eos_token_ids` end a completion; by default the tokenizer's EOS and the generation config's.
     `prefix_cache_mb` bounds the prefix cache (0 turns it off: every prompt is prefilled whole).
+    `precision` is the arithmetic of generation: `fp32` (the transformers forward's numbers, to float
+    rounding), `bf16` (about twice as fast on a CPU with native bf16; log-probs move by about 0.05 on
+    average, see `trace_rl.engine.decoder`), or `auto` (bf16 where the hardware runs it natively).
+    Llama-family models run through `trace_rl.engine.decoder` in that precision; other models run the
+    transformers forward, in fp32 only.
     """
 
     def __init__(
@@ -234,6 +254,7 @@ class HFEngine:
         eos_token_ids: Sequence[int] | None = None,
         max_batch_size: int = 64,
         prefix_cache_mb: float = 1024.0,
+        precision: str = "fp32",
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size!r}")
@@ -258,6 +279,14 @@ class HFEngine:
         self._bytes = byte_table(tokenizer, self.vocab_size)
         forward = getattr(model, "get_base_model", lambda: model)().forward
         self._cache_kwarg = "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+        self.precision = resolve_precision(precision, self.device)
+        self.decoder: Decoder | None = None
+        if Decoder.supports(model):
+            self.decoder = Decoder(model, torch.bfloat16 if self.precision == "bf16" else torch.float32)
+        elif self.precision != "fp32":
+            if precision == "bf16":
+                raise ValueError(f"precision bf16 needs a Llama-family model, not {type(model).__name__}: use fp32")
+            self.precision = "fp32"  # auto: this model runs the transformers forward, in fp32
 
     @classmethod
     def from_policy(cls, policy: Any, **kwargs: Any) -> HFEngine:
@@ -273,6 +302,8 @@ class HFEngine:
         Either way the prefix cache, computed with the old weights, is emptied."""
         if model is not self.model:
             self.model.load_state_dict(model.state_dict())
+        if self.decoder is not None:
+            self.decoder.refresh()
         self.cache.clear()
         self.weight_version = int(version)
 
@@ -318,6 +349,8 @@ class HFEngine:
         return keys
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+        if self.decoder is not None:
+            return self.decoder.forward(ids, mask, positions, cache)
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -535,9 +568,7 @@ class _BufferedLayer(DynamicLayer):
         masked, yet a NaN there would still poison the attention (0 × NaN); the room after
         `length` is written before it is read."""
         shape = (batch, like.shape[-3], max(self.capacity, length), like.shape[-1])
-        self._keys, self._values = like.new_empty(shape), like.new_empty(shape)
-        self._keys[:, :, :length] = 0.0
-        self._values[:, :, :length] = 0.0
+        self._keys, self._values = like.new_zeros(shape), like.new_zeros(shape)
         self._length = length
         self.device, self.is_initialized = like.device, True
         self._refresh()
@@ -559,6 +590,11 @@ class _BufferedLayer(DynamicLayer):
         self._length += new
         self._refresh()
         return self.keys, self.values
+
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole key and value buffers (batch, heads, capacity, head size): the filled part, then
+        zeros (`trace_rl.engine.decoder` attends over them whole, its mask hiding the room)."""
+        return self._keys, self._values
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self._keys, self._values = self._keys[indices], self._values[indices]

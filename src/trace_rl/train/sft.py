@@ -33,7 +33,7 @@ from trace_rl.agent.env import StepResult, ToolEnv
 from trace_rl.agent.protocol import ANSWER, TurnFormat
 from trace_rl.agent.types import OraclePolicy, Rationale, Task, TaskSet, ToolCall
 from trace_rl.config import MAX_SEED, check_choice, check_range
-from trace_rl.models import TinyConfig, _atomic_folder, cache_root, load_policy, packed_token_logprobs, supports_packed, token_logprobs
+from trace_rl.models import TinyConfig, _atomic_folder, cache_root, load_policy, native_bf16, packed_token_logprobs, supports_packed, token_logprobs
 from trace_rl.rollout import encode_observation, encode_prompt
 from trace_rl.rundir import atomic_write
 from trace_rl.train.sequences import pad_right
@@ -105,15 +105,6 @@ class SFTConfig:
         check_range(self, "weight_decay", ge=0)
         check_range(self, "seed", ge=0, le=MAX_SEED)
         check_choice(self, "precision", ("auto", "fp32", "bf16"))
-
-
-def native_bf16() -> dict[str, bool]:
-    """Whether this CPU runs bf16 natively, as torch sees it: AVX512-BF16 instructions and AMX tiles
-    (read at each call, so a test can stand in for another CPU)."""
-    def has(name: str) -> bool:
-        return bool(getattr(torch.cpu, name, lambda: False)())
-
-    return {"avx512_bf16": has("_is_avx512_bf16_supported"), "amx_tile": has("_is_amx_tile_supported")}
 
 
 def resolved_precision(precision: str) -> str:

@@ -352,6 +352,10 @@ class Trainer:
                 return packed_token_logprobs(model, batch.input_ids, batch.position_ids, batch.nodes, batch.sources, batch.targets, temperature=temperature)
             return token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=temperature)
 
+        recomputed = {}
+        if self.recompute_logprobs:
+            recomputed = self._recompute_old_logprobs(units, packs if packed else None, logprobs, device, max_tokens if packed else 0)
+
         per_update: list[dict[str, float]] = []
         forward_tokens = 0
         self.model.train()
@@ -371,9 +375,7 @@ class Trainer:
                 ratio_sum, in_loss_weight = 0.0, 0.0
                 self.optimizer.zero_grad(set_to_none=True)
                 for batch in batches:
-                    for name, value in list(vars(batch).items()):
-                        if isinstance(value, torch.Tensor):
-                            setattr(batch, name, value.to(device))
+                    _to(batch, device)
                     forward_tokens += int(batch.input_ids.shape[1]) if packed else int(batch.attention_mask.sum())
                     with torch.autocast(device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
                         logp = logprobs(self.model, batch)
@@ -414,7 +416,49 @@ class Trainer:
         metrics["actor/grad_norm"] = float(np.mean([u["actor/grad_norm"] for u in per_update]))
         metrics["actor/sequences"] = float(len(sequences))
         metrics["actor/tokens_forward"] = float(forward_tokens)
-        return metrics
+        return {**metrics, **recomputed}
+
+    @property
+    def recompute_logprobs(self) -> bool:
+        """Whether the update recomputes the behaviour log-probs before its first optimiser step: whenever
+        generation or the update runs in bf16, their numbers differ (the engine's bf16 decoder and the
+        update's autocast round at different places), so the log-probs the engine recorded would make
+        an on-policy ratio drift from 1 by their rounding alone. In fp32 both agree to float rounding."""
+        return getattr(self.setup.engine, "precision", "fp32") != "fp32" or self.autocast is not None
+
+    @torch.no_grad()
+    def _recompute_old_logprobs(self, units: list, packs: list | None, logprobs: Callable, device: torch.device, max_tokens: int) -> dict[str, float]:
+        """Replace every trained token's behaviour log-prob with the current policy's, computed as the
+        update computes it (same layout, same precision, no gradient), before any optimiser step: the
+        importance ratio then measures only how far the update has moved the policy (verl's
+        `recompute_log_prob`). Returns `actor/rollout_logprob_gap`, the mean |engine - recomputed| over
+        the tokens in the loss: how far the engine's numbers were from the update's."""
+        gap, count = 0.0, 0.0
+        autocast = dict(dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None)
+        if packs is not None:
+            for group in micro_batches([p for unit in packs for p in unit], max_tokens):
+                batch = pack_batch(group)
+                with torch.autocast(device.type, **autocast):
+                    new = logprobs(self.model, _to(batch, device)).float().cpu()
+                gap += float(((new - batch.old_logprobs).abs() * (batch.weights > 0)).sum())
+                count += float((batch.weights > 0).sum())
+                for pack, values in zip(group, new.split([len(p.targets) for p in group])):
+                    pack.old_logprobs = values.tolist()
+        else:
+            max_len = self.setup.collector.config.max_context_tokens
+            seqs = [u[0] for u in units]
+            for start in range(0, len(seqs), self.cfg.micro_batch_size):
+                chunk = seqs[start : start + self.cfg.micro_batch_size]
+                batch = pad_batch(chunk, max_len=max_len)
+                with torch.autocast(device.type, **autocast):
+                    new = logprobs(self.model, _to(batch, device)).float().cpu()
+                trained = batch.weights > 0
+                gap += float(((new - batch.old_logprobs).abs() * trained).sum())
+                count += float(trained.sum())
+                for row, seq in enumerate(chunk):
+                    width = min(len(seq.token_ids), new.shape[1] + 1) - 1
+                    seq.old_logprobs = [seq.old_logprobs[0], *new[row, :width].tolist(), *seq.old_logprobs[width + 1 :]]
+        return {"actor/rollout_logprob_gap": gap / count} if count else {}
 
     # ------------------------------------------------------------------ evaluation
 
@@ -495,6 +539,14 @@ class Trainer:
         numeric = {k: float(v) for k, v in metrics.items() if k != "step"}
         for write in self._writers:
             write(numeric, self.step)
+
+
+def _to(batch: Any, device: torch.device) -> Any:
+    """The batch with its tensors moved to `device`."""
+    for name, value in list(vars(batch).items()):
+        if isinstance(value, torch.Tensor):
+            setattr(batch, name, value.to(device))
+    return batch
 
 
 def _autocast_dtype(precision: str, model: Any) -> torch.dtype | None:
