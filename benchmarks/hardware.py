@@ -21,11 +21,11 @@ def cpu_flags() -> dict[str, object]:
     return {**native_bf16(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
-def matmul_gflops(size: int = 512, reps: int = 50, threads: int | None = None) -> float:
-    """fp32 `size` x `size` matrix products per second, in GFLOP/s, on `threads` threads (default:
-    torch's current count): what a compute-bound fp32 step can reach on this CPU."""
+def matmul_gflops(size: int = 512, reps: int = 50, threads: int | None = None, dtype: torch.dtype = torch.float32) -> float:
+    """`size` x `size` matrix products per second in `dtype` (default fp32), in GFLOP/s, on `threads`
+    threads (default: torch's current count): what a compute-bound step can reach on this CPU."""
     with torch_threads(threads or torch.get_num_threads()):
-        a, b = torch.randn(size, size), torch.randn(size, size)
+        a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
         for _ in range(3):
             a @ b
         begin = time.perf_counter()

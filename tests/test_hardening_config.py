@@ -51,6 +51,7 @@ OUT_OF_RANGE: dict[str, list[str]] = {
     "model.weight_dir": ["' '"],
     "model.max_batch_size": ["0"],
     "model.prefix_cache_mb": ["-1"],
+    "model.generation_precision": ["fp16", "float32"],
     "model.cpu_threads": ["0"],
     "model.lora_rank": ["-1", "4097"],
     "model.lora_alpha": ["0"],

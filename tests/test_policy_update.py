@@ -1,5 +1,6 @@
 """The pieces of the policy update: tree → sequences (each token once), and the clipped loss."""
 
+import copy
 import math
 
 import numpy as np
@@ -194,3 +195,27 @@ def test_one_update_raises_the_rewarded_leaf_and_lowers_the_unrewarded_one(tmp_p
     after = {leaf: leaf_logprob(leaf) for leaf in (2, 3)}
     assert after[2] > before[2] + 1e-3, (before, after)
     assert after[3] < before[3] - 1e-3, (before, after)
+
+
+@pytest.mark.parametrize("update", ["per_leaf", "packed"])
+def test_an_update_recomputes_the_behaviour_logprobs_of_a_bf16_engine(tmp_path, update):
+    """A bf16 engine's log-probs differ from the update's fp32 ones by rounding: the update replaces them
+    with its own before its first optimiser step, so an on-policy step's ratio is 1 and the gap is
+    logged; with an fp32 engine they are kept (the same perturbed numbers then move the ratio)."""
+    mixed = branched_tree()
+    model = small_llama()
+    on_policy(model, [mixed], temperature=0.7)
+    for node in mixed.nodes[1:]:  # what a bf16 engine records: each log-prob off by rounding
+        node.logprobs = [v - 0.05 if m else 0.0 for v, m in zip(node.logprobs, node.mask)]
+    advantages = get_estimator("trace")([mixed])
+    gaps = {}
+    for precision in ("bf16", "fp32"):
+        trainer = update_trainer(copy.deepcopy(model), tmp_path / precision, update=update)
+        trainer.setup.engine.precision = precision
+        metrics = trainer._update_policy(tree_sequences([mixed], advantages))
+        gaps[precision] = metrics.get("actor/rollout_logprob_gap")
+        if precision == "bf16":
+            assert metrics["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+        else:
+            assert metrics["actor/ratio_mean"] == pytest.approx(math.exp(0.05), abs=1e-4)
+    assert gaps == {"bf16": pytest.approx(0.05, abs=1e-5), "fp32": None}
