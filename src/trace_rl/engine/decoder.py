@@ -1,17 +1,19 @@
 """A generation-only forward for Llama-family decoders (`tiny`, SmolLM2, Llama), for the `hf` engine.
 
-Why not the transformers module: at the batch sizes a CPU decodes (64 rows, one token each), a step of a
-135M model is about 17 GFLOP of matrix products, and what the transformers forward adds around them
-costs as much again: per layer it builds masks, runs three projections where one would do, repeats
-each key/value head for every query head it serves (grouped-query attention as copies, which triples
-the bytes attention reads from the cache) and keeps every activation in the weights' dtype. This module
-runs the same arithmetic as `LlamaForCausalLM` with:
+Why not the transformers module: a CPU decodes a few dozen rows, one token each, and at that size what
+the transformers forward does around its matrix products weighs as much as they do: per layer it
+builds masks, runs three projections where one would do, and with a padding mask repeats each
+key/value head for every query head it serves (grouped-query attention as copies, which triples the
+bytes attention reads from the cache). This module runs the same arithmetic as `LlamaForCausalLM` with:
 
 - the q/k/v projections as one matrix product and gate/up as another (weights concatenated once);
 - grouped-query attention as the model defines it: the query heads that share a key/value head are
   one batched product against that head's cache, never a copy of it;
-- a dtype of its own (`bf16` on CPUs with native bf16 and on GPUs: half the bytes, about twice the
-  matrix rate), with RMSNorm, softmax and the logits in fp32 as transformers computes them;
+- a dtype of its own: `bf16` (half the bytes and, on a CPU with native bf16, about twice the matrix
+  rate, with the weights prepacked for oneDNN's kernel) or fp32, with RMSNorm, softmax and the logits
+  in fp32 as transformers computes them. In bf16 the next-token distributions stay within 0.02 of
+  fp32's in total variation on average (`tests/test_decoder.py`): close enough to sample from, not to
+  stand for fp32's log-probs, so the update recomputes those (`Trainer.recompute_logprobs`);
 - keys and values written straight into the engine's preallocated cache (`hf._BufferedLayer`).
 
 It serves generation only (no gradients, no dropout); the trainer's update keeps the transformers
@@ -33,9 +35,10 @@ _ARCHITECTURES = ("llama",)
 
 @functools.cache
 def _onednn_bf16() -> bool:
-    """Whether oneDNN's prepacked bf16 linear runs here and agrees with a plain product. It is 1.4-1.6x
-    a plain bf16 product at 16-64 rows on AVX512-BF16 (the weights are laid out for the kernel once,
-    not at every call; `benchmarks/real_lm_step.py`), but it is a private torch op, so it is checked."""
+    """Whether oneDNN's prepacked bf16 linear runs here and agrees with a plain product. A plain bf16
+    product lays the weight out for the kernel at every call, which at a few dozen rows costs about as
+    much as the product; prepacked, that is done once per weight version. It is a private torch op
+    (the one torch.compile's CPU backend uses), so it is checked before use."""
     try:
         generator = torch.Generator().manual_seed(0)
         x = torch.randn(5, 64, generator=generator).to(torch.bfloat16)
@@ -151,14 +154,13 @@ class Decoder:
         that receives each layer's keys and values (B, kv heads, T, head size).
         """
         B, T = ids.shape
-        S = mask.shape[1]
         H, K, D = self.heads, self.kv_heads, self.head_dim
         G = H // K
         x = F.embedding(ids, self.embed)  # (B, T, hidden)
         cos, sin = self.rotary(x, positions)  # (B, T, D)
         cos, sin = cos[:, None].to(self.dtype), sin[:, None].to(self.dtype)
         scale = D**-0.5
-        bias = None
+        allowed = None
         for index, w in enumerate(self.layers):
             h = self._rms(x, w["ln1"])
             qkv = self._linear(h, w["qkv"])  # (B, T, (H + 2K) D)
@@ -175,15 +177,13 @@ class Decoder:
             # tensor (CPU batched products take no other batch stride), which cost more than the
             # product; the buffer's spare room is at most the tokens still to come.
             keys, values = layer.buffers()
-            if bias is None:
-                bias = _bias(mask, T, keys.shape[-2])
-            # The G query heads of each key/value head as one (G T, D) block against that head's
-            # cache: grouped-query attention without a copy of the keys per query head.
-            C = keys.shape[-2]
-            scores = (q.reshape(B, K, G * T, D) @ keys.transpose(-1, -2)).view(B, K, G, T, C)
-            probs = torch.softmax(scores.float() * scale + bias, dim=-1).to(self.dtype)
-            attended = probs.view(B, K, G * T, C) @ values  # (B, K, G T, D)
-            attended = attended.view(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
+            if allowed is None:
+                allowed = _allowed(mask, T, keys.shape[-2])
+            if T > 1:  # a prefill: the fused kernel, which never holds the (T, C) scores of a head
+                attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed[:, None], scale=scale, enable_gqa=G > 1)
+            else:  # a decode step: the G query heads of each key/value head as one (G, D) block
+                attended = _decode_attention(q, keys, values, allowed, scale)
+            attended = attended.transpose(1, 2).reshape(B, T, H * D)
             x = x + self._linear(attended, w["o"])
             h = self._rms(x, w["ln2"])
             gate, up = self._linear(h, w["gate_up"]).chunk(2, dim=-1)
@@ -192,21 +192,31 @@ class Decoder:
         return self._linear(last, self.lm_head).float()
 
 
-def _bias(mask: torch.Tensor, T: int, columns: int) -> torch.Tensor:
-    """Additive attention bias (B, 1, 1, T, C), laid out as the scores are: 0 where new token t may see
-    cache column c, -inf elsewhere. `mask` (B, S) marks the real columns once the T new tokens are
-    in (they are the last T); columns from S to C are unfilled room. A new token sees the real columns
-    up to itself; a row of padding that sees none is let see column 0, so its softmax is not NaN."""
+def _allowed(mask: torch.Tensor, T: int, columns: int) -> torch.Tensor:
+    """(B, T, C) bool: whether new token t may see cache column c. `mask` (B, S) marks the real columns
+    once the T new tokens are in (they are the last T); columns from S to C are unfilled room. A new
+    token sees the real columns up to itself; a row of padding that sees none is let see column 0, so
+    its softmax is not NaN (its output is never used)."""
     B, S = mask.shape
     allowed = torch.zeros((B, T, columns), dtype=torch.bool, device=mask.device)
     allowed[:, :, :S] = mask.bool()[:, None, :]
     if T > 1:
         allowed[:, :, :S] &= torch.ones((T, S), dtype=torch.bool, device=mask.device).tril(S - T)
-    empty = ~allowed.any(-1)
-    allowed[..., 0] |= empty
-    bias = torch.zeros((B, T, columns), dtype=torch.float32, device=mask.device)
-    bias.masked_fill_(~allowed, float("-inf"))
-    return bias[:, None, None]
+    allowed[..., 0] |= ~allowed.any(-1)
+    return allowed
+
+
+def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, allowed: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention of one new token a row, (B, H, 1, D), grouped-query: the G query heads of a key/value
+    head as one (G, D) block against its cache (B, K, C, D), scores and softmax in fp32. At one query a
+    head this is about twice as fast as the fused kernel (which handles a head's queries one block
+    at a time), and it reads each key once however many query heads share it."""
+    B, H, _, D = q.shape
+    K, C = keys.shape[1], keys.shape[2]
+    scores = q.view(B, K, H // K, D) @ keys.transpose(-1, -2)  # (B, K, G, C)
+    bias = torch.zeros((B, 1, 1, C), dtype=torch.float32, device=q.device).masked_fill_(~allowed[:, None], float("-inf"))
+    probs = torch.softmax(scores.float() * scale + bias, dim=-1).to(q.dtype)
+    return (probs @ values).view(B, H, 1, D)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
