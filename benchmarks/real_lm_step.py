@@ -36,7 +36,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from hardware import cpu_flags, matmul_gflops
+from hardware import cpu_flags
+from step_speed import decode_bound
 from trace_rl.config import load_config
 from trace_rl.rundir import code_at, read_metrics
 from trace_rl.run import RunConfig, build_parts
@@ -63,7 +64,7 @@ def train_process(src: Path, config: Path, steps: int, overrides: list[str]) -> 
 
 
 def path_summary(rows: list[dict], peak_gb: float) -> dict[str, object]:
-    mean = {key: sum(r.get(key, 0.0) for r in rows) / len(rows) for key in rows[0]}
+    mean = {key: sum(r.get(key, 0.0) for r in rows) / len(rows) for key, value in rows[0].items() if isinstance(value, (int, float))}
     out: dict[str, object] = {name: round(mean.get(f"timing_s/{name}", 0.0), 3) for name in SPLIT}
     generated = mean["rollout/tokens_generated"]
     out.update(
@@ -88,59 +89,6 @@ def previous_config(config_path: Path, folder: Path) -> Path:
     path = folder / "previous.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
-
-
-def decode_bound(config: RunConfig, batch: int = 64, prompt: int = 256, new: int = 48) -> dict[str, object]:
-    """Today's decode loop at `batch` sequences against a bare loop of the same engine's forward calls on
-    the same cache layout (no sampling or bookkeeping), and the FLOP bound at the measured matrix rate."""
-    from trace_rl.engine.base import SamplingParams
-    from trace_rl.engine.hf import HFEngine, buffered_cache
-
-    parts = build_parts(config)
-    engine = HFEngine.from_policy(parts.policy, max_batch_size=batch, prefix_cache_mb=0, precision=config.model.generation_precision)
-    generator = torch.Generator().manual_seed(0)
-    prompts = torch.randint(10, engine.vocab_size, (batch, prompt), generator=generator).tolist()
-    params = SamplingParams(n=1, max_new_tokens=new, seed=0, ignore_eos=True)
-
-    def ours() -> float:
-        begin = time.perf_counter()
-        engine.generate(prompts, params)
-        return time.perf_counter() - begin
-
-    @torch.no_grad()
-    def bare() -> float:
-        ids, mask = torch.tensor(prompts), torch.ones(batch, prompt, dtype=torch.long)
-        positions = torch.arange(prompt)[None].expand(batch, -1)
-        begin = time.perf_counter()
-        cache = buffered_cache(parts.policy.model.config, prompt + new)
-        logits = engine._forward(ids, mask, positions, cache)
-        for step in range(new - 1):
-            mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=1)
-            logits = engine._forward(logits.argmax(-1, keepdim=True), mask, torch.full((batch, 1), prompt + step), cache)
-        return time.perf_counter() - begin
-
-    timings: dict[str, list[float]] = {"ours": [], "bare": []}
-    for _ in range(3):  # alternate, keep the best of each: these machines are noisy
-        timings["ours"].append(ours())
-        timings["bare"].append(bare())
-    ours_s, bare_s = min(timings["ours"]), min(timings["bare"])
-    dtype = torch.bfloat16 if engine.precision == "bf16" else torch.float32
-    rate = matmul_gflops(dtype=dtype) * 1e9
-    parameters = sum(p.numel() for p in parts.policy.model.parameters())
-    tokens = batch * (prompt + new)
-    return {
-        "precision": engine.precision,
-        "batch": batch,
-        "prompt_tokens": prompt,
-        "new_tokens": new,
-        "decode_loop_s": round(ours_s, 3),
-        "bare_forward_loop_s": round(bare_s, 3),
-        "decode_vs_bare": round(bare_s / ours_s, 3),
-        "decode_tokens_per_s": round(batch * new / ours_s, 1),
-        "matmul_gflops": round(rate / 1e9, 1),
-        "flop_bound_s": round(2 * parameters * tokens / rate, 3),
-        "parameters": parameters,
-    }
 
 
 def free_port() -> int:
@@ -212,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_previous:
         with tempfile.TemporaryDirectory() as folder, code_at(args.base) as old:
             result["previous"] = path_summary(*train_process(old / "src", previous_config(config_path, Path(folder)), args.steps, args.overrides))
+        print(json.dumps({"previous": result["previous"]}), file=sys.stderr)
     result["current"] = path_summary(*train_process(ROOT / "src", config_path, args.steps, args.overrides))
+    print(json.dumps({"current": result["current"]}), file=sys.stderr)
     if "previous" in result:
         p, c = result["previous"], result["current"]
         result["ratios"] = {name: round(p[name] / max(c[name], 1e-9), 3) for name in ("step", "gen", "update")}

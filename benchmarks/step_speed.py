@@ -57,7 +57,8 @@ def run_path(config: RunConfig, steps: int) -> dict[str, float]:
 
 def decode_bound(config: RunConfig, batch: int = 64, prompt: int = 256, new: int = 48) -> dict[str, float]:
     """Our decode loop at `batch` sequences against a bare loop of forwards with a KV cache (same model,
-    shapes and steps, no sampling or bookkeeping), and the FLOP bound at the measured matmul rate."""
+    engine precision, shapes and steps, no sampling or bookkeeping), and the FLOP bound at the matmul
+    rate measured in that precision."""
     from transformers import DynamicCache
 
     from trace_rl.engine.base import SamplingParams
@@ -65,7 +66,7 @@ def decode_bound(config: RunConfig, batch: int = 64, prompt: int = 256, new: int
 
     parts = build_parts(dataclasses.replace(config, train=dataclasses.replace(config.train, steps=0)))
     model = parts.policy.model
-    engine = HFEngine.from_policy(parts.policy, max_batch_size=batch, prefix_cache_mb=0)
+    engine = HFEngine.from_policy(parts.policy, max_batch_size=batch, prefix_cache_mb=0, precision=config.model.generation_precision)
     vocab = engine.vocab_size
     generator = torch.Generator().manual_seed(0)
     prompts = torch.randint(10, vocab, (batch, prompt), generator=generator).tolist()
@@ -96,16 +97,18 @@ def decode_bound(config: RunConfig, batch: int = 64, prompt: int = 256, new: int
         timings["bare"].append(bare())
     ours_s, bare_s = min(timings["ours"]), min(timings["bare"])
 
-    flops = matmul_gflops() * 1e9
+    flops = matmul_gflops(dtype=torch.bfloat16 if engine.precision == "bf16" else torch.float32) * 1e9
     params_count = sum(p.numel() for p in model.parameters())
     tokens = batch * (prompt + new)
     return {
+        "precision": engine.precision,
         "batch": batch,
         "prompt_tokens": prompt,
         "new_tokens": new,
         "decode_loop_s": round(ours_s, 3),
         "bare_forward_loop_s": round(bare_s, 3),
         "decode_vs_bare": round(bare_s / ours_s, 3),
+        "decode_tokens_per_s": round(batch * new / ours_s, 1),
         "matmul_gflops": round(flops / 1e9, 2),
         "flop_bound_s": round(2 * params_count * tokens / flops, 3),
         "parameters": params_count,
