@@ -564,9 +564,9 @@ class _BufferedLayer(DynamicLayer):
     def allocate(self, like: torch.Tensor, batch: int, *, length: int = 0) -> None:
         """Room for `capacity` positions of `batch` rows (heads, head size, dtype and device of `like`,
         a (.., heads, positions, head size) tensor), the first `length` of them filled with zeros
-        for the caller to overwrite. Zeros, not garbage: the padding between cached prefixes is
-        masked, yet a NaN there would still poison the attention (0 × NaN); the room after
-        `length` is written before it is read."""
+        for the caller to overwrite. Zeros, not garbage, everywhere: the padding between cached
+        prefixes and the room after `length` are masked, yet `trace_rl.engine.decoder` attends over the
+        whole buffer (`buffers`), and a NaN there would still poison the attention (0 × NaN)."""
         shape = (batch, like.shape[-3], max(self.capacity, length), like.shape[-1])
         self._keys, self._values = like.new_zeros(shape), like.new_zeros(shape)
         self._length = length

@@ -347,9 +347,14 @@ class Trainer:
             units = [[s] for s in sequences]
         denominators = [loss_denominator(u) for u in units]  # the per-leaf layout drops token 0
 
+        # Under bf16 autocast on a CPU the tree attention runs in fp32, as the warm start's does: the bf16
+        # backward of its many small per-node attention calls is the slower one there.
+        attention_dtype = torch.float32 if self.autocast is not None and device.type == "cpu" else None
+
         def logprobs(model: torch.nn.Module, batch: Any) -> torch.Tensor:
             if packed:
-                return packed_token_logprobs(model, batch.input_ids, batch.position_ids, batch.nodes, batch.sources, batch.targets, temperature=temperature)
+                return packed_token_logprobs(model, batch.input_ids, batch.position_ids, batch.nodes, batch.sources, batch.targets,
+                                             temperature=temperature, attention_dtype=attention_dtype)
             return token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=temperature)
 
         recomputed = {}
