@@ -177,12 +177,14 @@ class Decoder:
             # tensor (CPU batched products take no other batch stride), which cost more than the
             # product; the buffer's spare room is at most the tokens still to come.
             keys, values = layer.buffers()
-            if allowed is None:
+            if allowed is None:  # the same columns for every layer: made once a forward
                 allowed = _allowed(mask, T, keys.shape[-2])
+                if T == 1:
+                    bias = torch.zeros(allowed.shape, dtype=torch.float32, device=ids.device).masked_fill_(~allowed, float("-inf"))[:, None]
             if T > 1:  # a prefill: the fused kernel, which never holds the (T, C) scores of a head
                 attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed[:, None], scale=scale, enable_gqa=G > 1)
             else:  # a decode step: the G query heads of each key/value head as one (G, D) block
-                attended = _decode_attention(q, keys, values, allowed, scale)
+                attended = _decode_attention(q, keys, values, bias, scale)
             attended = attended.transpose(1, 2).reshape(B, T, H * D)
             x = x + self._linear(attended, w["o"])
             h = self._rms(x, w["ln2"])
@@ -206,15 +208,15 @@ def _allowed(mask: torch.Tensor, T: int, columns: int) -> torch.Tensor:
     return allowed
 
 
-def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, allowed: torch.Tensor, scale: float) -> torch.Tensor:
+def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
     """Attention of one new token a row, (B, H, 1, D), grouped-query: the G query heads of a key/value
-    head as one (G, D) block against its cache (B, K, C, D), scores and softmax in fp32. At one query a
-    head this is about twice as fast as the fused kernel (which handles a head's queries one block
-    at a time), and it reads each key once however many query heads share it."""
+    head as one (G, D) block against its cache (B, K, C, D), scores and softmax in fp32; `bias` (B, 1, 1, C)
+    is 0 where a column may be seen, -inf elsewhere. At one query a head this is about twice as fast
+    as the fused kernel (which handles a head's queries one block at a time), and it reads each key
+    once however many query heads share it."""
     B, H, _, D = q.shape
-    K, C = keys.shape[1], keys.shape[2]
+    K = keys.shape[1]
     scores = q.view(B, K, H // K, D) @ keys.transpose(-1, -2)  # (B, K, G, C)
-    bias = torch.zeros((B, 1, 1, C), dtype=torch.float32, device=q.device).masked_fill_(~allowed[:, None], float("-inf"))
     probs = torch.softmax(scores.float() * scale + bias, dim=-1).to(q.dtype)
     return (probs @ values).view(B, H, 1, D)
 
