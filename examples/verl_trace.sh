@@ -2,8 +2,9 @@
 # TRACE with Qwen3-8B through verl's V1 trainer on one node of 8 GPUs (needs verl[verl-core] >= 0.9.1 with
 # vLLM, and trace-rl installed in the same environment: pip install -e '.[verl,agent,models]').
 #
-#   1. Search-R1's retrieval server on :8000 (its retrieval_launch.sh) and its training parquet at
-#      data/search_r1/train.parquet (or set CONFIG to a trace-rl config of your own);
+#   1. Search-R1's retrieval server on :8000 (its retrieval_launch.sh) and its parquet at
+#      data/search_r1/train.parquet and data/search_r1/test.parquet (the held-out split; or set
+#      CONFIG to a trace-rl config of your own);
 #   2. bash examples/verl_trace.sh [more verl overrides ...]
 #
 # It writes verl's parquet from the trace-rl config (`trace-rl verl-data`: every row carries its task),

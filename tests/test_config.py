@@ -144,9 +144,9 @@ def test_a_loader_refusal_without_a_message_is_named_by_its_type(monkeypatch):
 @pytest.mark.parametrize("name", sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "configs" / "gpu").glob("*.yaml")))
 def test_gpu_recipe_configs_load_with_only_what_this_machine_lacks_replaced(name):
     """The GPU recipes' every key is known and every value accepted; only what needs that machine (a
-    CUDA device, Search-R1's data file) is swapped for this one's."""
+    CUDA device, Search-R1's data files and their task.options) is swapped for this one's."""
     from trace_rl.run import RunConfig
 
     path = Path(__file__).resolve().parents[1] / "configs" / "gpu" / f"{name}.yaml"
-    config = load_config(RunConfig, path, ["model.device=cpu", "task.name=multihop"])
+    config = load_config(RunConfig, path, ["model.device=cpu", "task.name=multihop", "task.options={}"])
     assert config.model.warm_start is False and config.rollout.method == "trace"

@@ -328,7 +328,7 @@ def test_the_gpu_recipe_composes_into_verls_config_and_agrees_with_its_trace_rl_
     with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
         config = compose(config_name="ppo_trainer", overrides=[*overrides, "data.train_files=t.parquet", "data.val_files=v.parquet",
                                                               f"+trace_rl.config={recipe}", "+trace_rl.overrides=['task.name=multihop']"])
-    run = load_config(RunConfig, recipe, ["task.name=multihop"])  # the recipe's file: task needs Search-R1's data
+    run = load_config(RunConfig, recipe, ["task.name=multihop", "task.options={}"])  # the recipe's file: task needs Search-R1's data
     check_verl_config(config, run)
     assert config.trainer.use_v1 and config.trainer.v1.trainer_mode == "trace"
     rollout = omega_conf_to_dataclass(config.actor_rollout_ref.rollout)

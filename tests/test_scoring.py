@@ -77,6 +77,9 @@ def test_em_check_over_aliases_like_search_r1() -> None:
         ("#### 1,000", "1000"),
         ("so the answer is\n#### -5\n", "-5"),
         ("#### $18.", "18"),
+        ("#### 3/4", "3/4"),  # a fraction or an exponent whole, not its first digits (issue 43)
+        ("#### 1e5", "1e5"),
+        ("#### 3/4 of the cake", "3"),  # not wholly a number: GSM8K's leading number, as before
         ("The answer is \\boxed{42}.", "42"),
         ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
         ("first \\boxed{1} then \\boxed{2^{10}}", "2^{10}"),  # last box, nested braces kept

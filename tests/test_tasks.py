@@ -307,7 +307,7 @@ def test_option_names_are_what_each_loader_takes_without_loading_it() -> None:
 
     assert option_names("toolmath") == ["num_problems", "test_fraction"]
     assert {"num_questions", "people", "twin_fraction"} <= set(option_names("multihop"))
-    assert option_names("file:anything.jsonl") == ["format", "scorer", "tools"]
+    assert option_names("file:anything.jsonl") == ["format", "scorer", "test_file", "test_on_train", "test_share", "tools"]
     pytest.importorskip("reasoning_gym")
     assert option_names("rg:chain_sum") == ["allow_negation", "max_digits", "max_terms", "min_digits", "min_terms", "pool_size", "test_fraction", "tools"]
     taskset = load_taskset("rg:chain_sum", num_tasks=5, min_digits=3, max_digits=3)

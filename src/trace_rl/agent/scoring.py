@@ -119,12 +119,16 @@ def _last_boxed(text: str) -> str | None:
 def extract_final_answer(text: str) -> str | None:
     """The final answer in a model's or a dataset's solution text, or None when there is none.
 
-    In order: GSM8K's '#### 42' (the number after the last '####', commas dropped: '#### 1,000' -> '1000');
+    In order: GSM8K's '#### 42' (the number after the last '####', commas dropped: '#### 1,000' -> '1000';
+    a fraction or an exponent whole: '#### 3/4' -> '3/4', '#### 1e5' -> '1e5');
     the last `\\boxed{...}` with nested braces kept (`\\boxed{\\frac{1}{2}}` -> '\\frac{1}{2}'); the last
     number in the text (commas dropped, sign kept: 'it costs -1,250.5 now' -> '-1250.5').
     """
     if "####" in text:
         tail = text.rsplit("####", 1)[1].strip().split("\n", 1)[0]
+        whole = tail.strip("$ ")
+        if _FRACTION.match(whole) or _NUMBER.fullmatch(whole):  # '3/4' and '1e5' whole, not their first digits
+            return _strip_thousands(whole)
         match = _GSM8K_NUMBER.match(tail)
         if match:
             return _strip_thousands(match.group(1)).rstrip(".")

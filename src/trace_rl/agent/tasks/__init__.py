@@ -6,6 +6,7 @@
     load_taskset("wiki_fanoutqa", level="sub")
     load_taskset("file:data/nq_search/train.parquet")       # verl / Search-R1 rows, HotpotQA, GSM8K
     load_taskset("file:gsm8k_test.jsonl", format="gsm8k")
+    load_taskset("file:train.jsonl", split="test", test_share=0.1)   # a seeded held-out share of the rows
 
 Names:
   - `multihop`: synthetic world, 1-4 hop questions answered with the search tool (`tasks/multihop.py`);
@@ -15,7 +16,8 @@ Names:
   - `file:<path>`: a task file in one of `loaders.FORMATS` (`tasks/loaders.py`).
 
 Every task set is deterministic in (`name`, `split`, `seed`, options). `split` is 'train' or 'test'
-(disjoint questions) for the generated and packaged sets; a file is taken as one split.
+(disjoint questions). A file holds training rows; its test split is a second file (`test_file`), a
+seeded share of its questions (`test_share`) or, said explicitly, its training rows (`test_on_train`).
 Unknown names raise ValueError with the closest known name.
 """
 
@@ -43,6 +45,16 @@ PREFIXES = ("rg:", "file:")
 def available_tasksets() -> list[str]:
     """Every name `load_taskset` accepts, with the parameterised forms written as patterns."""
     return [*TASKSETS, "rg:<dataset>", "file:<path>"]
+
+
+def check_name(name: str) -> None:
+    """ValueError, with the closest known name, unless `name` is a plain task-set name or has a known
+    prefix (whether an `rg:` dataset or a `file:` path exists is the loader's to say)."""
+    if name in TASKSETS or name.startswith(PREFIXES):
+        return
+    close = difflib.get_close_matches(name, [*TASKSETS, *PREFIXES], n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ValueError(f"unknown task set {name!r}{hint} (known: {', '.join(available_tasksets())})")
 
 
 def option_names(name: str) -> list[str]:
@@ -80,12 +92,9 @@ def load_taskset(
 
         return reasoning_gym.load(name[len("rg:"):], split=split, num_tasks=num_tasks, seed=seed, **options)
     if name.startswith("file:"):
-        return loaders.load_file(name[len("file:"):], split=split, num_tasks=num_tasks, **options)
-    if name not in TASKSETS:
-        close = difflib.get_close_matches(name, [*TASKSETS, *PREFIXES], n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown task set {name!r}{hint} (known: {', '.join(available_tasksets())})")
+        return loaders.load_file(name[len("file:"):], split=split, num_tasks=num_tasks, seed=seed, **options)
+    check_name(name)
     return TASKSETS[name](split=split, num_tasks=num_tasks, seed=seed, **options)
 
 
-__all__ = ["PREFIXES", "TASKSETS", "available_tasksets", "load_taskset", "option_names"]
+__all__ = ["PREFIXES", "TASKSETS", "available_tasksets", "check_name", "load_taskset", "option_names"]
