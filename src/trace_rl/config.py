@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import math
 import re
+import reprlib
 import types
 import typing
 import urllib.parse
@@ -86,11 +87,21 @@ def check_range(
 def check_choice(config: Any, name: str, choices: Sequence[str], *, nullable: bool = False) -> None:
     """FieldError unless `config.<name>` is one of `choices` (or None when `nullable`), with the nearest one."""
     value = getattr(config, name)
-    if (value is None and nullable) or value in choices:
+    if (value is None and nullable) or (isinstance(value, str) and value in choices):
         return
-    close = difflib.get_close_matches(str(value), list(choices), n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise FieldError(name, value, "one of " + ", ".join(choices) + (" or null" if nullable else ""), hint)
+    raise FieldError(name, value, "one of " + ", ".join(choices) + (" or null" if nullable else ""), did_you_mean(value, choices))
+
+
+def did_you_mean(value: Any, choices: Sequence[str]) -> str:
+    """`; did you mean 'x'?` naming the choice nearest `value`, or "" when none is near.
+
+    Only a short string is compared: `str()` of a hostile value (a list nested a thousand deep, a
+    million-character string) would cost far more than a suggestion is worth.
+    """
+    if not isinstance(value, str) or len(value) > 200:
+        return ""
+    close = difflib.get_close_matches(value, [str(c) for c in choices], n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def is_http_url(text: str) -> bool:
@@ -102,22 +113,61 @@ def is_http_url(text: str) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
+class _BoundedRepr(reprlib.Repr):
+    """reprlib's repr, which looks at a bounded part of a value (a few items of a few levels), and
+    never fails on an integer too long for `str()` (Python refuses over 4300 digits)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel, self.maxdict, self.maxlist, self.maxtuple = 3, 4, 6, 6
+        self.maxset = self.maxfrozenset = self.maxdeque = self.maxarray = 6
+        self.maxstring = self.maxlong = self.maxother = 60
+
+    def repr_int(self, x: int, level: int) -> str:
+        try:
+            return super().repr_int(x, level)
+        except ValueError:  # over sys.get_int_max_str_digits() digits
+            return f"<an integer of about {int(x.bit_length() * math.log10(2)) + 1} digits>"
+
+
+_BOUNDED_REPR = _BoundedRepr()
+
+
 def _show(value: Any) -> str:
-    """repr(value), cut to keep an error on one readable line (a 10**400 budget has 401 digits)."""
-    text = repr(value)
-    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+    """A value as an error message shows it: its repr, cut to one readable line (a 10**400 budget has
+    401 digits). Every user value an error prints goes through here, and the time and memory it takes
+    are bounded whatever the value (a string of a million characters, a list nested a thousand deep,
+    a list that holds itself, an integer of a million digits): a message never costs more than its line."""
+    if isinstance(value, str):
+        text = repr(value[:80])
+        return text if len(value) <= 80 and len(text) <= 80 else f"{text[:60]}... ({len(value)} characters)"
+    if isinstance(value, int) and not isinstance(value, bool):
+        text = _BOUNDED_REPR.repr_int(value, 0) if value.bit_length() > 15_000 else repr(value)  # str() stops at 4300 digits
+        return text if len(text) <= 80 or text.startswith("<") else f"{text[:60]}... ({len(text)} characters)"
+    try:
+        text = _BOUNDED_REPR.repr(value)
+    except Exception:  # noqa: BLE001 - a value whose own __repr__ fails is still shown by its type
+        text = f"<{type(value).__name__}>"
+    if isinstance(value, (list, tuple, dict, set, frozenset)) and (len(text) > 80 or "..." in text):
+        size = f" ({type(value).__name__} of {len(value)} item{'' if len(value) == 1 else 's'})"
+        return (text if len(text) <= 60 else text[:60] + "...") + size
+    return text if len(text) <= 80 else f"{text[:60]}..."
+
+
+show_value = _show
+"""`_show` for other modules: a user's value, bounded to one readable line."""
 
 
 def from_dict(cls: type[T], data: dict[str, Any] | None, *, prefix: str = "") -> T:
     """Build dataclass `cls` from a plain mapping, recursing into nested dataclass fields."""
     data = {} if data is None else data
     if not isinstance(data, dict):
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {type(data).__name__}: {data!r}")
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {type(data).__name__}: {_show(data)}")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     hints = typing.get_type_hints(cls)
     for key in data:
         if key not in fields:
-            raise ConfigError(f"unknown config key {prefix + str(key)!r}{_suggest(str(key), fields)}")
+            raise ConfigError(f"unknown config key {_show(prefix + (key if isinstance(key, str) else _show(key)))}{_suggest(key, fields)}")
     kwargs = {}
     for name, value in data.items():
         kwargs[name] = _coerce(hints[name], value, prefix + name)
@@ -139,11 +189,7 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
     """Defaults of `cls`, then the YAML file at `path`, then each `a.b.c=value` override in order."""
     data: dict[str, Any] = {}
     if path is not None:
-        text = read_config_text(path)
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {_one_line(exc)}") from exc
+        loaded = load_yaml_file(path)
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(loaded).__name__}")
         data = loaded or {}
@@ -152,17 +198,142 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
     return from_dict(cls, data)
 
 
+# ---------------------------------------------------------------- reading YAML that cannot be turned against the machine
+
+MAX_CONFIG_BYTES = 256 << 10
+"""Largest config file (or override value) read: 256 KiB, checked before parsing, on at most this many
+bytes read. The largest shipped config is under 5 KB, so this is 50 times any real one; with aliases
+refused, what 256 KiB of YAML can build is at most about 130,000 values (a few MB), and PyYAML (pure
+Python, about 30 us a value) parses even that worst case in about 4 s, where 1 MiB would take 17 s."""
+
+MAX_YAML_DEPTH = 64
+"""Deepest nesting of lists and mappings in a config document. Real configs nest 3 deep; PyYAML
+composes a document recursively, so a few thousand `[` would end in a RecursionError, not a message."""
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """SafeLoader for config files, which refuses what a config never needs and an attacker would use.
+
+    - aliases (`*name`): a few lines of nested aliases (the "billion laughs") make a value that is
+      small in memory but expands to billions of items when it is copied (`dataclasses.asdict`),
+      printed or saved; no shipped config or test uses anchors, so every alias is refused;
+    - nesting deeper than `MAX_YAML_DEPTH`;
+    - a key given twice in one mapping, which YAML resolves silently by keeping the last.
+    """
+
+    source = "config"
+    """What error messages call the document: the file's path, or the override."""
+
+    def compose_document(self) -> Any:
+        self._depth = 0
+        self._root: yaml.Node | None = None
+        return super().compose_document()
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise ConfigError(
+                f"{self.source}, line {event.start_mark.line + 1}: YAML alias *{event.anchor[:40]} refused: a config "
+                "takes no anchors or aliases (nested ones expand into billions of values); write the value out"
+            )
+        self._depth += 1
+        if self._depth > MAX_YAML_DEPTH:
+            mark = self.peek_event().start_mark
+            raise ConfigError(f"{self.source}, line {mark.line + 1}: lists and mappings nested over {MAX_YAML_DEPTH} deep")
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        if parent is None:
+            self._root = node
+        return node
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: the constructor refuses it below
+                    continue
+                if first is not None:
+                    where = f"twice on line {line}" if first == line else f"at lines {first} and {line}"
+                    raise ConfigError(
+                        f"{self.source}: duplicate key {_show(self._path(node, key))} {where} "
+                        "(YAML would silently keep only the last); give it once"
+                    )
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+    def _path(self, mapping: yaml.Node, key: Any) -> str:
+        """The dotted name of `key` in `mapping`: the mapping's path from the document's root, found
+        by a walk of the (alias-free, so tree-shaped and no larger than the file) node tree."""
+        stack: list[tuple[yaml.Node, str]] = [(self._root, "")] if self._root is not None else []
+        while stack:
+            node, path = stack.pop()
+            if node is mapping:
+                return f"{path}.{key}" if path else str(key)
+            if isinstance(node, yaml.MappingNode):
+                stack.extend((v, f"{path}.{k.value}" if path else str(k.value)) for k, v in node.value if isinstance(k, yaml.ScalarNode))
+            elif isinstance(node, yaml.SequenceNode):
+                stack.extend((v, f"{path}[{i}]") for i, v in enumerate(node.value))
+        return str(key)
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """The data of the YAML document `text`, read as config: the one way this package parses config YAML.
+
+    PyYAML's safe loading, less what a config never needs and a hostile one would use (see
+    `_ConfigLoader`: aliases, nesting over `MAX_YAML_DEPTH`, duplicate keys), with text over
+    `MAX_CONFIG_BYTES` refused before parsing. Every refusal, and every YAML error, is a one-line
+    ConfigError that starts with `source` (a file's path, or `override '...'`).
+    """
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{source}: over {MAX_CONFIG_BYTES >> 10} KiB of YAML ({len(text)} characters); no config is this large")
+    loader = _ConfigLoader(text)
+    loader.source = source
+    loader.name = source  # PyYAML's own error messages name it instead of "<unicode string>"
+    try:
+        return loader.get_single_data()
+    except ConfigError:
+        raise
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {_one_line(exc)[:300]}") from exc
+    except (ValueError, RecursionError, MemoryError) as exc:  # e.g. an integer of over 4300 digits, which int() refuses
+        raise ConfigError(f"{source}: not a usable YAML value: {_one_line(exc).split(';')[0][:300]}") from exc
+    finally:
+        loader.dispose()
+
+
+def load_yaml_file(path: str | Path) -> Any:
+    """The data of the config YAML file at `path` (`read_config_text`, then `load_yaml`): what every
+    reader of a config file, a run folder's `config.yaml` included, should call instead of
+    `yaml.safe_load`, so that none of them expands an alias bomb or keeps half of a duplicate key."""
+    return load_yaml(read_config_text(path), str(path))
+
+
 def read_config_text(path: str | Path) -> str:
-    """The text of a config file; ConfigError (one line) for a folder, a missing or unreadable file, or bytes that are not UTF-8."""
+    """The text of a config file; ConfigError (one line) for a folder, a missing or unreadable file,
+    one over `MAX_CONFIG_BYTES` (found reading at most that many bytes, so /dev/zero is refused too),
+    or bytes that are not UTF-8."""
     file = Path(path)
     if file.is_dir():
         raise ConfigError(f"config {path} is a folder, not a YAML file")
     try:
-        return file.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"config {path} is not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x})") from exc
+        with file.open("rb") as handle:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"config {path} cannot be read: {exc.strerror or exc}") from exc
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config {path} is over {MAX_CONFIG_BYTES >> 10} KiB; no config is this large")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config {path} is not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x})") from exc
 
 
 def _one_line(exc: BaseException) -> str:
@@ -170,15 +341,14 @@ def _one_line(exc: BaseException) -> str:
 
 
 def apply_override(data: dict[str, Any], item: str) -> None:
-    """Set `a.b.c=value` in a nested dict; the value is parsed as YAML (so `3`, `0.5`, `true`, `[1, 2]`)."""
+    """Set `a.b.c=value` in a nested dict; the value is parsed as YAML (so `3`, `0.5`, `true`, `[1, 2]`),
+    as strictly as a config file (`load_yaml`)."""
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
-        raise ConfigError(f"override {item!r} must look like section.key=value")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override {item!r}: value is not valid YAML: {_one_line(exc)}") from exc
-    set_dotted(data, key.strip(), value, what=f"override {item!r}")
+        raise ConfigError(f"override {_show(item)} must look like section.key=value")
+    source = f"override {_show(item)}"
+    value = load_yaml(raw, source) if raw.strip() else ""
+    set_dotted(data, key.strip(), value, what=source)
 
 
 def set_dotted(data: dict[str, Any], key: str, value: Any, *, what: str = "key") -> None:
@@ -188,7 +358,7 @@ def set_dotted(data: dict[str, Any], key: str, value: Any, *, what: str = "key")
     for part in parts[:-1]:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
-            raise ConfigError(f"{what}: {part!r} is not a section")
+            raise ConfigError(f"{what}: {_show(part)} is not a section")
     node[parts[-1]] = value
 
 
@@ -196,11 +366,43 @@ def dump_yaml(config: Any, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False), encoding="utf-8")
 
 
-def _suggest(key: str, known: Sequence[str] | dict[str, Any]) -> str:
+def _suggest(key: Any, known: Sequence[str] | dict[str, Any]) -> str:
     names = sorted(known)
-    close = difflib.get_close_matches(key, names, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"{hint} (known: {', '.join(names)})"
+    return f"{did_you_mean(key, names)} (known: {', '.join(names)})"
+
+
+MAX_FREEFORM_DEPTH = 8
+"""Deepest nesting of lists and mappings inside a free-form field (`task.options`, a comparison's
+`variants`). Those hold a loader's keyword options: scalars, a list of names, at most a mapping of
+lists (3 levels); 8 leaves room and stops a value that only a hostile or broken config would build."""
+
+MAX_FREEFORM_NODES = 10_000
+"""Most values (scalars, lists and mappings, each counted once per place it appears) in one free-form
+field. The largest real option is a list of a few hundred names or numbers; 10,000 keeps every copy
+(`dataclasses.asdict`, `copy.deepcopy`, one per comparison run) and every save of the config under a
+millisecond and a megabyte, and the count stops there, so a value built in code that shares one list
+a billion times over (what a YAML alias bomb builds) is refused after 10,000 steps, not expanded."""
+
+
+def check_freeform(value: Any, name: str, *, max_depth: int = MAX_FREEFORM_DEPTH, max_nodes: int = MAX_FREEFORM_NODES) -> None:
+    """FieldError unless `value` (a free-form field's data) nests at most `max_depth` lists and
+    mappings deep and holds at most `max_nodes` values in all; the error names the first place
+    over a bound (`task.options.a[0][0]...`). Iterative, and stops at the bound, so a value that
+    holds itself or shares a list a billion times over costs `max_nodes` steps at most."""
+    nodes = 1
+    stack: list[tuple[Any, int, tuple[Any, ...]]] = [(value, 0, ())]  # (item, depth, path from `value`)
+    while stack:
+        item, depth, path = stack.pop()
+        if not isinstance(item, (dict, list, tuple, set, frozenset)):
+            continue
+        if depth >= max_depth:
+            where = name + "".join(f".{p[:40]}" if isinstance(p, str) else f"[{_show(p)}]" for p in path)
+            raise FieldError(where, item, f"lists and mappings nested at most {max_depth} deep")
+        for key, child in item.items() if isinstance(item, dict) else enumerate(item):
+            nodes += 1  # counted when found, so a list of a billion items stops after max_nodes of them
+            if nodes > max_nodes:
+                raise FieldError(name, value, f"at most {max_nodes} values in all (lists, mappings and what they hold)")
+            stack.append((child, depth + 1, (*path, key)))
 
 
 _YAML11_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -214,9 +416,8 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
     if origin is Literal:
         allowed = typing.get_args(hint)
         if value not in allowed:
-            close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
-            hint_text = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{key}={value!r} is not accepted{hint_text} (accepted: {', '.join(map(str, allowed))})")
+            hint_text = did_you_mean(value, [str(a) for a in allowed])
+            raise ConfigError(f"{key}={_show(value)} is not accepted{hint_text} (accepted: {', '.join(map(str, allowed))})")
         return value
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(hint)
@@ -230,29 +431,30 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
                 return _coerce(arg, value, key)
             except ConfigError as exc:
                 errors.append(str(exc))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}={value!r} fits none of {hint}")
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}={_show(value)} fits none of {hint}")
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key} must be a list, got {value!r}")
+            raise ConfigError(f"{key} must be a list, got {_show(value)}")
         (item_hint, *_rest) = typing.get_args(hint) or (Any,)
         items = [_coerce(item_hint, v, f"{key}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{key} must be a mapping, got {value!r}")
+            raise ConfigError(f"{key} must be a mapping, got {_show(value)}")
+        check_freeform(value, key)  # a free-form mapping is copied and printed whole: bounded before it is kept
         return dict(value)
     if hint is Any:
         return value
     if hint is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{key} must be true or false, got {value!r}")
+            raise ConfigError(f"{key} must be true or false, got {_show(value)}")
         return value
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key} must be an integer, got {value!r}")
+            raise ConfigError(f"{key} must be an integer, got {_show(value)}")
         return value
     if hint is float:  # every float field of every section: NaN and ±inf are never a setting
-        if isinstance(value, str) and _YAML11_EXPONENT.fullmatch(value.strip()):
+        if isinstance(value, str) and len(value) <= 100 and _YAML11_EXPONENT.fullmatch(value.strip()):  # the regex backtracks: quadratic in the length
             value = float(value)  # `1e-4`: YAML 1.1 (PyYAML) reads it as a string, everyone means a number
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key} must be a number, got {_show(value)}")
@@ -265,7 +467,7 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
         return number
     if hint is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{key} must be a string, got {value!r}")
+            raise ConfigError(f"{key} must be a string, got {_show(value)}")
         return value
     raise ConfigError(f"{key}: unsupported field type {hint!r}")
 
@@ -411,7 +613,14 @@ class TaskConfig:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
     def __post_init__(self) -> None:
-        """Ranges only: whether `name` names a task set is checked by the run config, which can ask the loaders."""
+        """Ranges and sizes only: whether `name` names a task set, and `options` its loader's options, is
+        checked by the run config, which can ask the loaders."""
+        if not isinstance(self.options, dict):
+            raise FieldError("options", self.options, "a mapping of a task loader's options")
+        check_freeform(self.options, "options")  # also here: a config built in code skips from_dict
+        for key in self.options:
+            if not isinstance(key, str):
+                raise FieldError("options", self.options, f"a mapping with option names for keys, not {_show(key)}")
         for name in ("train_tasks", "demo_tasks", "test_tasks"):
             check_range(self, name, ge=1, nullable=True)
         check_range(self, "max_turns", ge=1)
