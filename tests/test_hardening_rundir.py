@@ -308,3 +308,155 @@ def test_an_interrupted_write_leaves_the_old_file_and_no_temporary_one(tmp_path)
     with pytest.raises(KeyboardInterrupt):
         atomic_write(path, interrupted)
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
+
+
+# ---------------------------------------------------------------- folders a user edits, shares or fills (issue 43)
+
+
+def one_line_error(result: subprocess.CompletedProcess, command: str = "train") -> str:
+    """The refusal: exit 2, no traceback, its message the last stderr line."""
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"trace-rl {command}: ")
+    return last
+
+
+def test_a_resume_refuses_an_edited_config_yaml_since_the_checkpoint_holds_the_config_it_trained_with(env, unbroken, tmp_path):
+    run_dir = copy_of(unbroken, tmp_path)
+    edited = (run_dir / "config.yaml").read_text().replace("method: trace", "method: grpo").replace("budget: 8", "budget: 16")
+    assert edited != (run_dir / "config.yaml").read_text()
+    (run_dir / "config.yaml").write_text(edited)
+    before = (run_dir / "metrics.jsonl").read_text()
+
+    message = one_line_error(trace_rl(env, "train", "--resume", str(run_dir), "train.steps=4"))
+    assert "rollout.method='grpo' (it was trained with 'trace')" in message and "rollout.budget=16 (it was trained with 8)" in message
+    assert "config.yaml was edited since" in message
+    assert (run_dir / "metrics.jsonl").read_text() == before and not list(run_dir.glob("config.step_*"))
+
+
+def test_an_edit_a_resume_may_make_is_taken_and_the_archive_holds_the_checkpoints_config(env, unbroken, tmp_path):
+    run_dir = copy_of(unbroken, tmp_path)
+    original = (run_dir / "config.yaml").read_text()
+    (run_dir / "config.yaml").write_text(original.replace("\n  steps: 3\n", "\n  steps: 4\n"))
+    resumed = trace_rl(env, "train", "--resume", str(run_dir))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (run_dir / "config.step_0003.yaml").read_text() == original  # from the checkpoint, not the edited file
+    assert logged_steps(run_dir) == [1, 2, 3, 4]
+    assert "\n  steps: 4\n" in torch.load(run_dir / "checkpoints" / "step_0004.pt", weights_only=True)["config"]
+
+
+def test_a_second_writer_refuses_at_once_naming_the_first_and_a_killed_ones_lock_is_free(env, tmp_path):
+    run_dir = tmp_path / "run"
+    holder = "import sys, time\nfrom trace_rl.rundir import RunDir\nwith RunDir(sys.argv[1]).lock():\n    print('held', flush=True)\n    time.sleep(600)\n"
+    process = subprocess.Popen([sys.executable, "-c", holder, str(run_dir)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "held"
+        with pytest.raises(RunDirError, match=rf"{run_dir} is being written by pid {process.pid} on "):
+            with RunDir(run_dir).lock():
+                pass
+        message = one_line_error(trace_rl(env, *train_args(run_dir, "train.steps=1")))
+        assert f"pid {process.pid}" in message and "one writer" in message
+        assert sorted(p.name for p in run_dir.iterdir()) == [".lock"], "the refused writer wrote nothing"
+    finally:
+        process.kill()
+        process.wait()
+    with RunDir(run_dir).lock():  # SIGKILL: the kernel released the lock with the process
+        pass
+
+
+def test_out_refuses_a_folder_of_the_users_own_files_and_leaves_them_as_they_were(env, tmp_path):
+    for files in ({"notes.txt": "mine"}, {"config.yaml": "# my own config\nseed: 3\n"}):
+        out = tmp_path / next(iter(files)).replace(".", "_")
+        out.mkdir()
+        for name, text in files.items():
+            (out / name).write_text(text)
+        message = one_line_error(trace_rl(env, *train_args(out, "train.steps=1")))
+        assert "not a run's" in message and next(iter(files)) in message
+        assert {p.name: p.read_text() for p in out.iterdir() if p.name != ".lock"} == files
+
+
+def test_a_last_line_cut_short_is_written_again_from_the_checkpoint(env, unbroken, tmp_path):
+    run_dir = copy_of(unbroken, tmp_path)
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (run_dir / "metrics.jsonl").write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
+    resumed = trace_rl(env, "train", "--resume", str(run_dir))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (run_dir / "metrics.jsonl").read_text() == "".join(lines)
+
+
+def test_temporary_files_of_a_killed_writer_are_removed_on_start(env, unbroken, tmp_path):
+    run_dir = copy_of(unbroken, tmp_path)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    left = [run_dir / f".metrics.jsonl.tmp{dead}", run_dir / "checkpoints" / f".step_0004.pt.tmp{dead}"]
+    for path in left:
+        path.write_bytes(b"half")
+    resumed = trace_rl(env, "train", "--resume", str(run_dir))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert not [p for p in left if p.exists()]
+
+
+def test_a_folder_whose_metrics_are_not_a_runs_is_one_line_for_train_resume_and_report(env, unbroken, tmp_path):
+    unrelated = tmp_path / "unrelated"
+    unrelated.mkdir()
+    (unrelated / "metrics.jsonl").write_text('{"loss": 1.0}\n{"loss": 0.5}\n')
+    assert "integer 'step'" in one_line_error(trace_rl(env, *train_args(unrelated, "train.steps=1")))
+    assert "integer 'step'" in one_line_error(trace_rl(env, "report", str(unrelated)), "report")
+
+    run_dir = copy_of(unbroken, tmp_path)
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (run_dir / "metrics.jsonl").write_text(lines[0] + "{not json\n" + "".join(lines[1:]))
+    assert "metrics.jsonl:2: not JSON" in one_line_error(trace_rl(env, "train", "--resume", str(run_dir)))
+
+
+def in_small_disk(env: dict[str, str], script: str, *, size: str = "1m", tmp_path: Path) -> subprocess.CompletedProcess:
+    """`script` (sh) in a mount namespace with a `size` tmpfs at $DISK: a real full disk or, remounted
+    read-only, a real read-only folder (as root, which file modes would not stop)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {disk}"], capture_output=True)
+    if probe.returncode:
+        pytest.skip(f"cannot mount a tmpfs in a mount namespace here: {probe.stderr.decode()[:200]}")
+    wrapped = f"mount -t tmpfs -o size={size} tmpfs {disk} && cd {disk} && {script}"
+    return subprocess.run(["unshare", "-m", "sh", "-c", wrapped], env={**env, "DISK": str(disk)}, capture_output=True, text=True, timeout=900)
+
+
+def test_a_full_disk_is_one_line_naming_the_file_and_leaves_nothing_half_written(env, tmp_path):
+    check = (
+        "import os, pathlib, torch\n"
+        "from trace_rl.rundir import RunDir, RunDirError\n"
+        "run = RunDir(os.environ['DISK'] + '/run')\n"
+        "run.save_checkpoint({'step': 1, 'w': torch.zeros(10)}, 1)\n"
+        "run.append_metrics({'step': 1, 'loss': 0.5})\n"
+        "for attempt, write in (('checkpoint', lambda: run.save_checkpoint({'step': 2, 'w': torch.zeros(2**20)}, 2)),\n"
+        "                       ('metrics', lambda: run.append_metrics({'step': 2, 'pad': 'x' * 2**21}))):\n"
+        "    try:\n"
+        "        write()\n"
+        "    except RunDirError as exc:\n"
+        "        print(attempt, exc)\n"
+        "print(run.load_checkpoint()['step'], run.metrics_path.read_text().count(chr(10)), run.metrics()[-1]['step'])\n"
+        "print(sorted(p.name for p in pathlib.Path(run.path).rglob('*')))\n"
+    )
+    script = tmp_path / "check.py"
+    script.write_text(check)
+    result = in_small_disk(env, f"{sys.executable} {script}", size="1m", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout.splitlines()
+    assert out[0].startswith("checkpoint cannot write ") and "step_0002.pt" in out[0] and "MiB free" in out[0]
+    assert out[1].startswith("metrics cannot write ") and "metrics.jsonl: No space left on device" in out[1]
+    assert out[2] == "1 1 1", "the old checkpoint and the whole lines stay"
+    assert out[3] == str(["checkpoints", "latest", "metrics.jsonl", "step_0001.pt"]), "no temporary or half-written file"
+
+
+def test_a_read_only_run_folder_is_one_line_for_resume_and_report(env, unbroken, tmp_path):
+    script = (
+        f"cp -r {unbroken} run && mount -o remount,ro $DISK && "
+        f"{sys.executable} -m trace_rl train --resume run; echo rc=$?; {sys.executable} -m trace_rl report run; echo rc=$?"
+    )
+    result = in_small_disk(env, script, size="64m", tmp_path=tmp_path)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("trace-rl ")]
+    assert len(lines) >= 2, result.stdout + result.stderr[-3000:]
+    resume, report = lines[-2:]
+    assert "Traceback" not in result.stderr and result.stdout.count("rc=2") == 2, result.stdout + result.stderr[-3000:]
+    assert resume.startswith("trace-rl train: cannot write to run: Read-only file system")
+    assert report.startswith("trace-rl report: cannot write run/") and "Read-only file system" in report

@@ -366,3 +366,19 @@ def test_a_bf16_warm_start_trains_fp32_weights_and_lowers_the_loss(multihop, tmp
     stats = train_sft(policy.model, sequences, config, seed=0)
     assert stats["sft/final_loss"] < 0.5 * stats["sft/first_loss"]
     assert all(p.dtype == torch.float32 for p in policy.model.parameters())
+
+
+def test_the_warm_start_cache_is_keyed_by_every_task_and_passage_not_a_sample(tmp_path):
+    """Editing the answers of 15 of 20 records, or one passage, left the count, the first ids and the
+    first transcript as they were, and the old warm start was reused (issue 43)."""
+    train = load_taskset("multihop", split="train", num_tasks=20)
+    env = build_env(RunConfig(), train)
+    config = SFTConfig(demos=8, steps=2, batch_size=4, warmup_steps=1)
+    first = warm_start("tiny", train, env, config, cache_dir=tmp_path)
+    assert warm_start("tiny", replace(train, tasks=list(train.tasks)), env, config, cache_dir=tmp_path) == first
+
+    answers = [replace(t, answers=("edited",)) if i >= 5 else t for i, t in enumerate(train.tasks)]
+    assert sft.taskset_digest(replace(train, tasks=answers)) != sft.taskset_digest(train)
+    passage = replace(train.corpus[-1], text=train.corpus[-1].text + " Edited.")
+    assert sft.taskset_digest(replace(train, corpus=[*train.corpus[:-1], passage])) != sft.taskset_digest(train)
+    assert warm_start("tiny", replace(train, tasks=answers), env, config, cache_dir=tmp_path) != first

@@ -83,9 +83,20 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _tasks(args: argparse.Namespace) -> int:
+    """`trace-rl tasks`. A task set it cannot load (an unknown name, a malformed task file, a missing
+    package) is bad input: one line and exit 2, not a traceback (`main` shows a task file's warnings,
+    ids renamed, as one line each)."""
     from trace_rl.agent.show import tasks_report
+    from trace_rl.agent.tasks import check_name
 
-    text, summary = tasks_report(args)
+    try:
+        for name in args.names or ():
+            check_name(name)
+        text, summary = tasks_report(args)
+    except ConfigError:
+        raise
+    except (ValueError, ImportError) as exc:  # a task file (`TaskFileError`), a dataset name or the install: say what
+        raise ConfigError(str(exc)) from None
     if text:
         print(text, end="")
     print(json.dumps(summary))
@@ -128,6 +139,16 @@ def _rollout(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from trace_rl.rundir import RunDir
+
+    folder = args.resume or args.out
+    if folder and Path(folder).is_dir():  # a second writer refuses now, not after seconds of imports
+        with RunDir(folder).lock():
+            return _train_locked(args)
+    return _train_locked(args)
+
+
+def _train_locked(args: argparse.Namespace) -> int:
     from trace_rl.config import load_config
     from trace_rl.progress import progress_bar
     from trace_rl.run import RunConfig, headline, train_run
@@ -351,13 +372,15 @@ def _signals(stop: StopRequest | None = None, what: str = "stopping after this s
 
 @contextmanager
 def _warnings_as_lines(command: str) -> Iterator[None]:
-    """Run-folder warnings (a checkpoint skipped, a config kept) as one `trace-rl CMD: warning:` line each."""
+    """Run-folder and task-file warnings (a checkpoint skipped, a config kept, task ids made unique) as one
+    `trace-rl CMD: warning:` line each."""
+    from trace_rl.agent.tasks.loaders import TaskFileWarning
     from trace_rl.rundir import RunDirWarning
 
     show = warnings.showwarning
 
     def one_line(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
-        if issubclass(category, RunDirWarning):
+        if issubclass(category, (RunDirWarning, TaskFileWarning)):
             print(f"trace-rl {command}: warning: {message}", file=sys.stderr)
         else:
             show(message, category, filename, lineno, file, line)

@@ -120,7 +120,32 @@ def rollout_metrics(trees: Sequence[RolloutTree]) -> dict[str, float]:
         "critic/score/mean": float(np.mean(rewards)),
         "response_length/mean": float(np.mean(lengths)),
         "num_turns/mean": float(np.mean(turns)),
+        **tool_metrics(trees),
     }
+
+
+UNAVAILABLE = ("unavailable", "timeout")
+"""Tool error kinds on the tool's side (a server down, refusing or too slow), not the model's call."""
+
+
+def tool_metrics(trees: Sequence[RolloutTree]) -> dict[str, float]:
+    """Over every tool call the batch made (each turn whose call ran a tool, once however many rollouts
+    share it): `tool/calls`, `tool/error_rate` (any failure, a model's bad arguments included) and
+    `tool/unavailable_rate` (the tool's side: `UNAVAILABLE`). A server that dies mid-run shows as
+    `tool/unavailable_rate` jumping to 1. Empty when no tool ran."""
+    calls = errors = unavailable = 0
+    for tree in trees:
+        for node in tree.nodes:
+            info = node.info or {}
+            if info.get("call") is None or info.get("answer") is not None or info.get("truncated"):
+                continue  # a malformed turn, an answer, or a last turn whose tool never ran
+            kind = info.get("tool_error")
+            calls += 1
+            errors += kind is not None
+            unavailable += kind in UNAVAILABLE
+    if not calls:
+        return {}
+    return {"tool/calls": float(calls), "tool/error_rate": errors / calls, "tool/unavailable_rate": unavailable / calls}
 
 
 def scored_estimates(trees: Sequence[RolloutTree], *, census: bool = False) -> list[tuple[int, int, float]]:

@@ -30,7 +30,10 @@ from trace_rl.config import (
     ModelConfig,
     TaskConfig,
     check_range,
+    from_dict,
     load_config,
+    load_yaml,
+    show_value,
 )
 from trace_rl.engine.base import Engine
 from trace_rl.predictor import PredictorConfig, SuccessPredictor
@@ -128,14 +131,48 @@ def check_task_name(name: str) -> None:
 
 
 def check_task_options(task: TaskConfig) -> None:
-    """FieldError unless every key of `task.options` is an option of `task.name`'s loader."""
+    """FieldError unless every key of `task.options` is an option of `task.name`'s loader, and the
+    options that name registered things (`scorer`, `tools`, a file's `format`) name ones that exist.
+
+    Run by `RunConfig.__post_init__`, so when any config loads (train, eval, compare, rollout,
+    verl-data, a resumed run's config.yaml), before any model or task: without it a misspelt scorer
+    or tool is found only when the first episode is scored or the env is built.
+    """
     if not task.options:
         return
     known = option_names(task.name)
-    if unknown := sorted(set(task.options) - set(known)):
-        close = difflib.get_close_matches(unknown[0], known, n=1)
+    if unknown := sorted(str(key) for key in set(task.options) - set(known)):
+        close = difflib.get_close_matches(unknown[0], known, n=1) if len(unknown[0]) <= 200 else []
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise FieldError("task.options", task.options, f"options of {task.name}: {', '.join(known) or 'none'}", hint)
+    check_registered_options(task.name, task.options)
+
+
+def check_registered_options(name: str, options: dict[str, Any]) -> None:
+    """FieldError naming `task.options.scorer`, `task.options.tools[i]` or `task.options.format` when
+    it names no scorer (`trace_rl.agent.scoring.SCORERS`), tool (`trace_rl.agent.tools.TOOL_NAMES`) or
+    task file format (`trace_rl.agent.tasks.loaders.FORMATS`), with the nearest name. null is accepted
+    where the loader's default is null (`file:` tasks: what the file's format implies)."""
+    from trace_rl.agent.scoring import SCORERS
+    from trace_rl.agent.tasks.loaders import FORMATS
+    from trace_rl.agent.tools import TOOL_NAMES
+    from trace_rl.config import did_you_mean
+
+    nullable = name.startswith("file:")  # load_file's scorer / tools / format default to None; reasoning-gym's tools do not
+    for key, registry in (("scorer", sorted(SCORERS)), ("format", list(FORMATS))):
+        value = options.get(key)
+        if key in options and not (value is None and nullable) and not (isinstance(value, str) and value in registry):
+            raise FieldError(f"task.options.{key}", value, "one of " + ", ".join(registry) + (" or null" if nullable else ""), did_you_mean(value, registry))
+    if "tools" not in options or (options["tools"] is None and nullable):
+        return
+    tools = options["tools"]
+    if not isinstance(tools, (list, tuple)):  # a bare string would be read as one tool per character
+        raise FieldError("task.options.tools", tools, f"a list of tool names from {', '.join(TOOL_NAMES)}" + (" or null" if nullable else ""))
+    for index, tool in enumerate(tools):
+        if not (isinstance(tool, str) and tool in TOOL_NAMES):
+            raise FieldError(f"task.options.tools[{index}]", tool, "one of " + ", ".join(TOOL_NAMES), did_you_mean(tool, TOOL_NAMES))
+        if tool in tools[:index]:
+            raise FieldError(f"task.options.tools[{index}]", tool, "a tool not already listed (each is offered to the model once)")
 
 
 def check_model(model: ModelConfig) -> None:
@@ -195,6 +232,21 @@ class Parts:
     engine: Engine
     predictor: SuccessPredictor
     collector: TreeRolloutCollector
+
+
+def check_search_server(task: TaskConfig) -> None:
+    """ConfigError, naming `task.search_url` and what went wrong, unless its retrieval server answers a
+    query properly: checked before the tasks, the warm start and the first rollout."""
+    if task.search_url is None:
+        return
+    from trace_rl.agent.tools import ToolError
+    from trace_rl.agent.tools.search import RetrievalClient
+
+    try:
+        RetrievalClient(task.search_url, retries=1).check()
+    except ToolError as exc:
+        raise ConfigError(f"task.search_url={task.search_url!r} does not work: {exc}. Start the server "
+                          "(python -m trace_rl.agent.tools.retrieval_server, or your own), or unset task.search_url to search the task's own corpus") from None
 
 
 def build_env(config: RunConfig, taskset: TaskSet) -> ToolEnv:
@@ -258,6 +310,7 @@ def build_parts(config: RunConfig, *, progress: Callable[[int, float], None] | N
     from trace_rl.models import load_policy
 
     torch.set_num_threads(config.model.cpu_threads)
+    check_search_server(config.task)
     demos, train = task_splits(config)
     test = load_tasks(config.task, "test", config.task.test_tasks)
     env = build_env(config, train)
@@ -448,58 +501,84 @@ def train_run(
     """
     check_trainable(config)
     folder = RunDir(run_dir)
-    state = None
-    if resume:
-        if not folder.config_path.is_file():
-            raise FileNotFoundError(f"{folder.path} has no config.yaml: there is no run to resume there")
-        state = folder.load_checkpoint() if folder.has_checkpoint() else None  # before any work: a refused one stops here
-        step = int(state["step"]) if state is not None else 0
-        _check_resume(folder, load_config(RunConfig, folder.config_path), config, step)
-        if state is None and folder.has_records():
-            warnings.warn(f"{folder.path} has no checkpoint yet: starting again from step 0 (its logged steps are made again)", RunDirWarning, stacklevel=2)
-    elif folder.has_records():
-        checkpoints = folder.checkpoint_files()
-        held = f"a checkpoint at step {max(checkpoints)}" if checkpoints else f"{folder.finished_steps()} logged steps, no checkpoint"
-        raise FileExistsError(f"{folder.path} already holds a run ({held}); continue it with train --resume {folder.path}, or choose another folder")
-    if (changed := folder.record_code()) is not None:
-        warnings.warn(changed, RunDirWarning, stacklevel=2)
-    folder.write_config(config)
-    from trace_rl.progress import warm_start_progress
+    with folder.lock():  # one writer per folder: a second train here refuses at once
+        state = None
+        if resume:
+            if not folder.config_path.is_file():
+                raise FileNotFoundError(f"{folder.path} has no config.yaml: there is no run to resume there")
+            state = folder.load_checkpoint() if folder.has_checkpoint() else None  # before any work: a refused one stops here
+            step = int(state["step"]) if state is not None else 0
+            trained, text = _trained_config(folder, state)
+            _check_resume(folder, trained, text, config, step)
+            if state is None and folder.has_records():
+                warnings.warn(f"{folder.path} has no checkpoint yet: starting again from step 0 (its logged steps are made again)", RunDirWarning, stacklevel=2)
+        elif folder.has_records():
+            checkpoints = folder.checkpoint_files()
+            held = f"a checkpoint at step {max(checkpoints)}" if checkpoints else f"{folder.finished_steps()} logged steps, no checkpoint"
+            raise FileExistsError(f"{folder.path} already holds a run ({held}); continue it with train --resume {folder.path}, or choose another folder")
+        elif (foreign := folder.foreign_files()) or (folder.config_path.is_file() and not folder.code_path.is_file()):
+            names = ", ".join(foreign[:3] or ["config.yaml"]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            raise FileExistsError(f"{folder.path} holds files that are not a run's ({names}); a new run would write over or beside them: choose an empty or new folder for --out")
+        if (changed := folder.record_code()) is not None:
+            warnings.warn(changed, RunDirWarning, stacklevel=2)
+        folder.write_config(config)
+        from trace_rl.progress import warm_start_progress
 
-    parts = build_parts(config, progress=warm_start_progress(bar, config.sft.steps))
-    trainer = build_trainer(config, parts, folder)
-    if state is not None:
-        trainer.restore(state)
-    else:
-        folder.rewind(-1)  # from the start: a step-0 evaluation (`train.eval_on_start`) is made again too
-    steps_bar = bar.task(run_label(folder.path, config.rollout.method), total=config.train.steps, completed=trainer.step) if bar else None
+        parts = build_parts(config, progress=warm_start_progress(bar, config.sft.steps))
+        trainer = build_trainer(config, parts, folder)
+        if state is not None:
+            trainer.restore(state)
+        else:
+            folder.rewind(-1)  # from the start: a step-0 evaluation (`train.eval_on_start`) is made again too
+        steps_bar = bar.task(run_label(folder.path, config.rollout.method), total=config.train.steps, completed=trainer.step) if bar else None
 
-    def on_step(step: int, metrics: dict[str, float]) -> None:
-        if bar is not None:
-            bar.update(steps_bar, step, headline(metrics))
+        def on_step(step: int, metrics: dict[str, float]) -> None:
+            if bar is not None:
+                bar.update(steps_bar, step, headline(metrics))
 
-    trainer.run(on_step=on_step, stop=stop)
+        trainer.run(on_step=on_step, stop=stop)
     return trainer
 
 
-def _check_resume(folder: RunDir, saved: RunConfig, config: RunConfig, step: int) -> None:
-    """Refuse a resume that changes what the run is; archive the config one that changes less replaces."""
+def _trained_config(folder: RunDir, state: dict[str, Any] | None) -> tuple[RunConfig, str | None]:
+    """The config the checkpoint's steps were trained with, and its YAML: the one the checkpoint holds
+    (so an edited `config.yaml` cannot pass for it), else `config.yaml` (a checkpoint written before
+    they held one, or none yet: nothing trained is kept then)."""
+    text = state.get("config") if state is not None else None
+    if not isinstance(text, str):
+        if state is not None:
+            warnings.warn(f"{folder.path}: its checkpoint does not hold the config it was trained with (written before "
+                          "checkpoints did), so the resume is checked against config.yaml", RunDirWarning, stacklevel=3)
+        return load_config(RunConfig, folder.config_path), None
+    try:
+        return from_dict(RunConfig, load_yaml(text, f"{folder.path}: the checkpoint's config")), text
+    except ConfigError as exc:
+        raise RunDirError(f"{exc}: this trace-rl cannot read the config the checkpoint was trained with") from None
+
+
+def _check_resume(folder: RunDir, saved: RunConfig, saved_text: str | None, config: RunConfig, step: int) -> None:
+    """Refuse a resume that changes what the run is; archive the config (`saved_text`, else config.yaml)
+    of the steps up to `step` when one that changes less replaces it."""
     changes = config_changes(saved, config)
     refused = {k: v for k, v in changes.items() if k not in RESUMABLE_CHANGES}
     if refused:
-        said = ", ".join(f"{k}={new!r} (it was trained with {old!r})" for k, (old, new) in refused.items())
+        said = ", ".join(f"{k}={show_value(new)} (it was trained with {show_value(old)})" for k, (old, new) in refused.items())
         raise RunDirError(
             f"resuming {folder.path} cannot change {said}: the steps before and after would be two different runs. "
             f"A resume may change only {', '.join(sorted(RESUMABLE_CHANGES))}; to train with the new values, start a "
             f"new run folder from {folder.config_path}"
+            + (f" (config.yaml was edited since: the checkpoint holds the config of steps 1-{step})" if saved_text is not None else "")
         )
     if changes:
-        archive = folder.archive_config(step)
-        said = ", ".join(f"{k}={new!r} (was {old!r})" for k, (old, new) in changes.items())
+        archive = folder.archive_config_text(step, saved_text) if saved_text is not None else folder.archive_config(step)
+        said = ", ".join(f"{k}={show_value(new)} (was {show_value(old)})" for k, (old, new) in changes.items())
         warnings.warn(f"{folder.path}: resuming at step {step} with {said}; the config of steps 1-{step} is kept as {archive.name}", RunDirWarning, stacklevel=3)
 
 
 def headline(metrics: dict[str, Any]) -> dict[str, float]:
     """The few figures worth showing live and on a command's last line."""
     keys = ("critic/score/mean", "tree/effective_ratio", "tree/mixed_budget_share", "val/accuracy_greedy", "val/accuracy_sampled")
-    return {k: round(float(metrics[k]), 4) for k in keys if k in metrics}
+    shown = {k: round(float(metrics[k]), 4) for k in keys if k in metrics}
+    if metrics.get("tool/unavailable_rate"):  # a tool down or timing out: worth seeing live, not only in the report
+        shown["tool/unavailable_rate"] = round(float(metrics["tool/unavailable_rate"]), 4)
+    return shown

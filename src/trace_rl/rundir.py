@@ -5,7 +5,10 @@
       config.step_XXXX.yaml    the config before a resume at step XXXX changed it (see `archive_config`)
       metrics.jsonl            one JSON object per step (`step` first), appended as the run goes
       trees/step_XXXX.jsonl    every tree a step sampled (`trace_rl.tree.write_jsonl`)
-      checkpoints/step_XXXX.pt the last two checkpoints; `checkpoints/latest` names the newest
+      checkpoints/step_XXXX.pt the last two checkpoints; `checkpoints/latest` names the newest. Each holds
+                               the config its steps were trained with and its step's metrics record
+      code.json                the code the run was started with (`record_code`)
+      .lock                    held (flock) by the one process writing the folder (`RunDir.lock`)
       report.html, *.png       written by `trace-rl report`
 
 A comparison (`trace-rl compare`) is a folder of run folders, `DIR/<method>/seed_<k>/`, plus
@@ -16,8 +19,14 @@ Writes that replace a file are atomic (a temporary file, fsynced, renamed, then 
 so a run killed at any moment, or a machine that loses power, leaves either the old file or the new
 one. Resuming from a checkpoint at step k rewinds the folder to k (`rewind`): the metrics and trees of
 later steps are dropped, since the resumed run makes them again, so `metrics.jsonl` holds each step
-once. A checkpoint that is empty or cut short (a full disk, an interrupted copy) is skipped with a
-warning naming it and the one used instead; that is why the trainer keeps the previous one.
+once, and a step's line that the kill cut short is written again from its checkpoint's record. A
+checkpoint that is empty or cut short (a full disk, an interrupted copy) is skipped with a warning
+naming it and the one used instead; that is why the trainer keeps the previous one.
+
+One writer at a time: `train` holds an exclusive lock on `.lock` while it writes, so a second `train`
+into the same folder refuses at once, naming the process that holds it; the kernel drops the lock when
+that process dies, so a killed run leaves none behind. A write that fails (a full disk, a read-only
+folder) is a `RunDirError` naming the path, and leaves the file it would have replaced as it was.
 
 A run folder from someone else. Checkpoints are data, not code: they are read with
 `torch.load(weights_only=True)`, which rebuilds tensors, numbers, strings, lists and dicts and
@@ -53,6 +62,14 @@ from trace_rl.tree import RolloutTree, write_jsonl
 
 _STEP_FILE = re.compile(r"step_(\d+)\.jsonl$")
 _CHECKPOINT = re.compile(r"step_(\d+)\.pt")
+_TEMPORARY = re.compile(r"\..+\.tmp(\d+)")
+"""`atomic_write`'s temporary file, `.NAME.tmpPID`: left behind only by a process killed mid-write."""
+
+_HELD: dict[Path, int] = {}
+"""Run folders whose lock this process holds, with how many `RunDir.lock` blocks hold it."""
+
+RUN_FILES = re.compile(r"config\.yaml|config\.step_\d+\.yaml|code\.json|metrics\.jsonl|trees|checkpoints|\.lock|report\.html|[\w.-]+\.png|tensorboard|wandb")
+"""Names a run folder may hold (what trace-rl writes into one); anything else in `--out` is the user's."""
 
 START = "react"
 """A comparison's folder (and table row) of its starting policy, evaluated without RL (the paper's ReAct row)."""
@@ -72,6 +89,9 @@ class RunDir:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.config_text: str | None = None
+        """The YAML of the config this process trains with (`write_config`), saved in each checkpoint."""
+        self._records: dict[int, dict[str, Any]] = {}  # this process's records by step, for the checkpoints
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -122,13 +142,85 @@ class RunDir:
         a new run written into it would destroy or mix with its own."""
         return bool(self.metrics() or self.tree_files() or self.checkpoint_files())
 
-    def rewind(self, step: int) -> None:
+    def rewind(self, step: int, record: dict[str, Any] | None = None) -> None:
         """Drop the records of steps after `step` (metrics lines, a line the kill cut short, tree files):
-        a run resumed at `step` makes them again; -1 drops them all, step 0's evaluation included."""
+        a run resumed at `step` makes them again; -1 drops them all, step 0's evaluation included.
+        `record` is the checkpoint's record of `step` itself: written back if the file lost it (a kill
+        between the checkpoint and the line, or a line cut short)."""
         self.truncate_metrics(step)
+        records = self.metrics()
+        if record is not None and record.get("step") == step and not (records and records[-1]["step"] == step):
+            self.append_metrics(record)
         for later, path in self.tree_files().items():
             if later > step:
                 path.unlink()
+
+    def foreign_files(self) -> list[str]:
+        """Names in the folder that a run does not write (`RUN_FILES`, temporary files aside): the
+        user's own, which a new run must not overwrite or bury."""
+        if not self.path.is_dir():
+            return []
+        return sorted(p.name for p in self.path.iterdir() if not (RUN_FILES.fullmatch(p.name) or _TEMPORARY.fullmatch(p.name)))
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the folder's writer lock (`flock` on `.lock`) for the block; RunDirError at once if another
+        process holds it, naming that process. The kernel releases it when the holder exits or is killed,
+        so a stale lock needs no cleanup. Removes temporary files that killed writers left behind.
+        Re-entrant within a process (the CLI takes it before its slow imports, `train_run` again)."""
+        import fcntl
+        import socket
+        import time
+
+        key = self.path.resolve()
+        if key in _HELD:
+            _HELD[key] += 1
+            try:
+                yield
+            finally:
+                _HELD[key] -= 1
+            return
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            handle = open(self.path / ".lock", "a+", encoding="utf-8")
+        except OSError as exc:
+            raise RunDirError(f"cannot write to {self.path}: {exc.strerror or exc}") from None
+        try:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = " ".join(handle.read(200).split()) or "another process"
+                raise RunDirError(
+                    f"{self.path} is being written by {holder}: one run folder takes one writer. Wait for it to finish, "
+                    "stop it, or choose another --out"
+                ) from None
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+            handle.flush()
+            self.remove_temporary_files()
+            _HELD[key] = 1
+            try:
+                yield
+            finally:
+                del _HELD[key]
+        finally:
+            handle.close()  # closing the descriptor releases the lock
+
+    def remove_temporary_files(self) -> list[Path]:
+        """Remove `atomic_write`'s temporary files whose writer is gone (a process killed mid-write):
+        they are never read, only take space. Those of a live process are kept."""
+        removed = []
+        for folder in (self.path, self.trees_dir, self.checkpoints_dir):
+            if not folder.is_dir():
+                continue
+            for path in folder.iterdir():
+                match = _TEMPORARY.fullmatch(path.name)
+                if match and path.is_file() and not _alive(int(match.group(1))):
+                    path.unlink(missing_ok=True)
+                    removed.append(path)
+        return removed
 
     # ------------------------------------------------------------ config
 
@@ -137,6 +229,7 @@ class RunDir:
 
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write(self.config_path, lambda tmp: dump_yaml(config, tmp))
+        self.config_text = self.config_path.read_text(encoding="utf-8")
 
     def archive_config(self, step: int) -> Path:
         """Keep `config.yaml` as `config.step_XXXX.yaml`, the config of the steps up to `step`, before a
@@ -148,17 +241,36 @@ class RunDir:
             atomic_write(archive, lambda tmp: Path(tmp).write_bytes(text))
         return archive
 
+    def archive_config_text(self, step: int, text: str) -> Path:
+        """`archive_config` with the config's YAML given (a checkpoint's), not read from `config.yaml`."""
+        archive = self.path / f"config.step_{step:04d}.yaml"
+        if not archive.exists():
+            atomic_write(archive, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+        return archive
+
     # ------------------------------------------------------------ metrics
 
     def append_metrics(self, record: dict[str, Any]) -> None:
-        """Add one step's record to `metrics.jsonl`, flushed and fsynced."""
+        """Add one step's record to `metrics.jsonl`, flushed and fsynced. A write that fails (a full disk)
+        is cut back off, so the file never ends in half a line, and raises RunDirError naming it."""
         if "step" not in record:
             raise ValueError("a metrics record needs a 'step'")
-        self.path.mkdir(parents=True, exist_ok=True)
-        with open(self.metrics_path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        line = json.dumps(record) + "\n"
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            with open(self.metrics_path, "a", encoding="utf-8") as handle:
+                size = handle.tell()
+                try:
+                    handle.write(line)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                except OSError:
+                    handle.truncate(size)
+                    raise
+        except OSError as exc:
+            raise RunDirError(f"cannot write {self.metrics_path}: {exc.strerror or exc}") from None
+        step = int(record["step"])
+        self._records[step] = {**self._records.get(step, {}), **record}
 
     def metrics(self) -> list[dict[str, Any]]:
         """The run's records, one per step, in step order (`latest_per_step` of the file); [] if none."""
@@ -229,8 +341,15 @@ class RunDir:
         """
         import torch
 
-        data = checkpoint_data(state)
-        self.checkpoints_dir.mkdir(parents=True, exist_ok=True)
+        data = dict(checkpoint_data(state))
+        if self.config_text is not None:
+            data.setdefault("config", self.config_text)
+        if step in self._records:
+            data.setdefault("record", json.dumps(self._records[step]))
+        try:
+            self.checkpoints_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RunDirError(f"cannot write {self.checkpoints_dir}: {exc.strerror or exc}") from None
         path = self.checkpoint_path(step)
         atomic_write(path, lambda tmp: torch.save(data, tmp))
         atomic_write(self.checkpoints_dir / "latest", lambda tmp: Path(tmp).write_text(path.name))
@@ -355,11 +474,15 @@ def checkpoint_data(value: Any, where: str = "checkpoint") -> Any:
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """The JSON objects of a `metrics.jsonl`, in file order.
 
-    A last line cut short (a run killed mid-write) is dropped; any other line that is not a JSON
-    object with a `step` raises ValueError naming the file and line.
+    A last line cut short (a run killed mid-write) is dropped (`RunDir.rewind` writes it again from its
+    checkpoint); any other line that is not a JSON object with an integer `step` raises RunDirError
+    naming the file and line.
     """
     path = Path(path)
-    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RunDirError(f"{path} cannot be read as a metrics file: {getattr(exc, 'strerror', None) or exc}") from None
     records = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -369,9 +492,10 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError as exc:
             if number == len(lines):
                 break
-            raise ValueError(f"{path}:{number}: not JSON: {exc}") from exc
-        if not isinstance(record, dict) or "step" not in record:
-            raise ValueError(f"{path}:{number}: expected a JSON object with a 'step' key")
+            raise RunDirError(f"{path}:{number}: not JSON ({exc.msg}): not a trace-rl metrics file, or damaged; "
+                              "a run folder's metrics.jsonl holds one JSON object per line") from None
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int) or isinstance(record.get("step"), bool):
+            raise RunDirError(f"{path}:{number}: expected a JSON object with an integer 'step': not a trace-rl metrics file, or damaged")
         records.append(record)
     return records
 
@@ -406,14 +530,53 @@ def atomic_write(path: Path, write: Callable[[str], Any]) -> None:
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        _discard(tmp)
+        raise RunDirError(f"cannot write {path}: {exc.strerror or exc}{_space_left(path)}") from None
+    except RuntimeError as exc:  # torch.save's zip writer: "[enforce fail at inline_container.cc:672] ..."
+        _discard(tmp)
+        if not re.search(r"inline_container|PytorchStreamWriter|iostream|write", str(exc)):
+            raise
+        raise RunDirError(f"cannot write {path}: {str(exc).splitlines()[0][:200]}{_space_left(path)}") from None
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        _discard(tmp)
         raise
     folder = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(folder)
     finally:
         os.close(folder)
+
+
+def _discard(path: Path) -> None:
+    """Remove a temporary file if it can be (on a read-only disk it was never made)."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def _space_left(path: Path) -> str:
+    """'; N MiB free on its disk' when that is little (the likely reason a write failed), else ''."""
+    try:
+        stats = os.statvfs(path.parent)
+    except OSError:
+        return ""
+    free = stats.f_bavail * stats.f_frsize
+    return f" ({free / 2**20:.1f} MiB free on its disk)" if free < 2**30 else ""
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process `pid` exists (one we may not signal still does)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def code_version() -> dict[str, str | None]:

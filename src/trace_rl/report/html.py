@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
+from trace_rl.config import ConfigError, load_yaml_file
 from trace_rl.report.plots import RunMetrics, find_runs, load_run, method_sort_key, plot_metrics
 from trace_rl.report.viewer import ViewerLimits, viewer_data, viewer_section
 from trace_rl.rollout import RolloutConfig
+from trace_rl.rundir import atomic_write
 
 HEADLINE_KEYS = (
     "critic/score/mean",
@@ -84,7 +85,7 @@ def build_report(path: str | Path, *, limits: ViewerLimits | None = None) -> Rep
     data = viewer_data(viewed, limits)
     page = _page(folder, comparison, runs, plots, data)
     out = folder / "report.html"
-    out.write_text(page, encoding="utf-8")
+    atomic_write(out, lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))  # a full disk leaves no half page
     return ReportFiles(html=out, plots=plots, warnings=list(data["warnings"]))
 
 
@@ -244,8 +245,8 @@ def _rollout_options(folder: Path) -> str:
     """The run's `rollout.*` settings that differ from their defaults (` (stage2_objective: prompt, ...)`),
     so a variant of a method reads as one; empty where there are none or config.yaml cannot be read."""
     try:
-        rollout = (yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8")) or {}).get("rollout") or {}
-    except (OSError, yaml.YAMLError, AttributeError):
+        rollout = (load_yaml_file(folder / "config.yaml") or {}).get("rollout") or {}
+    except (ConfigError, AttributeError):
         return ""
     defaults = {f.name: f.default for f in dataclasses.fields(RolloutConfig) if f.default is not dataclasses.MISSING}
     changed = [f"{k}: {v if isinstance(v, str) else json.dumps(v)}" for k, v in rollout.items()

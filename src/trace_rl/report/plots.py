@@ -22,7 +22,7 @@ from typing import Any, Literal
 import numpy as np
 
 from trace_rl.methods import METHODS
-from trace_rl.rundir import START, read_metrics
+from trace_rl.rundir import START, atomic_write, read_metrics
 
 METHOD_ORDER = tuple(METHODS)
 """The registry's method names, in its order; they keep one colour each across every figure and table."""
@@ -112,6 +112,13 @@ PANELS: tuple[Panel, ...] = (
         "What 1,000 generated tokens buy (rollout.budget_unit: tokens spends them)",
         (("tree/mixed_leaves_per_ktoken", "leaves in mixed trees"), ("tree/mixed_prompts_per_ktoken", "mixed prompts")),
         "per 1,000 generated tokens",
+    ),
+    Panel(
+        "tool_errors",
+        "Tool calls that failed (a server that went down reads 1)",
+        (("tool/error_rate", "any error"), ("tool/unavailable_rate", "tool unavailable or timed out")),
+        "share of tool calls",
+        unit_range=True,
     ),
     Panel(
         "calibration",
@@ -392,7 +399,7 @@ def _draw(panel: Panel, curves: dict[tuple[str, str], Curve], colors: dict[str, 
     if panel.unit_range:
         ax.set_ylim(-0.03, 1.03)
     ax.grid(True, alpha=0.3)
-    fig.savefig(path, format="png")
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))  # a full disk leaves no 0-byte PNG
     return path
 
 

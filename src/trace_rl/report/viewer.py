@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from trace_rl.metrics import tree_metrics
-from trace_rl.rundir import RunDir
+from trace_rl.rundir import RunDir, atomic_write
 from trace_rl.tree import RolloutTree, read_jsonl, subtree_rewards
 
 
@@ -264,7 +264,8 @@ def write_viewer(run_dir: str | Path, out: str | Path | None = None, limits: Vie
     """Write a standalone viewer page for one run folder (default `RUN_DIR/trees.html`)."""
     run_dir = Path(run_dir)
     out = Path(out) if out is not None else run_dir / "trees.html"
-    out.write_text(viewer_page(viewer_data([(run_dir.name, run_dir)], limits)), encoding="utf-8")
+    page = viewer_page(viewer_data([(run_dir.name, run_dir)], limits))
+    atomic_write(out, lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))
     return out
 
 

@@ -202,6 +202,17 @@ def episode_tokens(tokenizer: Any, env: ToolEnv, episode: Episode) -> tuple[list
 # ---------------------------------------------------------------- the warm start, cached
 
 
+def taskset_digest(taskset: TaskSet) -> str:
+    """sha256 of everything in `taskset` the demonstrations are made from: every task (question, answers,
+    tools, scorer, meta such as HotpotQA's evidence) and every corpus passage. A sample (a count and a
+    few ids) let a file with 15 of 20 answers edited reuse the warm start trained on the old ones."""
+    digest = hashlib.sha256()
+    for item in (*taskset.tasks, *taskset.corpus):
+        digest.update(json.dumps(asdict(item), sort_keys=True, default=str).encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
 def sft_cache_key(parts: dict[str, Any]) -> str:
     blob = json.dumps({"recipe": _RECIPE_VERSION, **parts}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -220,7 +231,8 @@ def warm_start(
     """Folder of the warm-started policy (model + tokenizer), trained on first use and cached.
 
     `model` is a preset or a model folder (see `trace_rl.models.load_policy`). The cache key covers
-    the model, the task set's name, size and first tasks, the env's turn limit, a transcript of one
+    the model, the task set's name and content (`taskset_digest`: every task and passage the
+    demonstrations are made from, so an edited answer or passage trains anew), the env's turn limit, a transcript of one
     clean demonstration (so any change to the prompt, tools, `topk`, observation cuts or the
     demonstrations' thoughts shows), the config, and `tiny` (the tiny model's shape and tokenizer)
     where it is not the default. The folder appears
@@ -235,8 +247,7 @@ def warm_start(
         {
             "model": model,
             "taskset": taskset.name,
-            "tasks": len(taskset.tasks),
-            "first": [t.task_id for t in taskset.tasks[:5]],
+            "content": taskset_digest(taskset),
             "max_turns": env.max_turns,
             "transcript": hashlib.sha256(env_transcript(taskset, env).encode()).hexdigest(),
             # a field at its value from before it existed stays out, so the caches made then stay valid

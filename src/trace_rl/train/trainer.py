@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -500,7 +501,8 @@ class Trainer:
 
     def restore(self, state: dict[str, Any]) -> int:
         """Continue from a loaded checkpoint: every part's state, and the run folder rewound to its step
-        (`RunDir.rewind`: later metrics and trees are made again); returns its step."""
+        (`RunDir.rewind`: later metrics and trees are made again, the step's own line restored from the
+        checkpoint if it was lost); returns its step."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.setup.predictor.load_state_dict(state["predictor"])
@@ -511,7 +513,8 @@ class Trainer:
         self.totals = dict(state["totals"])
         self.step = int(state["step"])
         self.setup.engine.update_weights(self.model, version=self.step)
-        self.run_dir.rewind(self.step)
+        record = state.get("record")  # the step's metrics line, in case the kill cut it from metrics.jsonl
+        self.run_dir.rewind(self.step, json.loads(record) if isinstance(record, str) else None)
         self.checkpoint_step = self.step
         return self.step
 
@@ -533,9 +536,10 @@ class Trainer:
             self._writers.append(to_tensorboard)
         if self.cfg.wandb_project:
             import wandb
-            import yaml
 
-            config = yaml.safe_load(self.run_dir.config_path.read_text()) if self.run_dir.config_path.is_file() else {}
+            from trace_rl.config import load_yaml_file
+
+            config = load_yaml_file(self.run_dir.config_path) if self.run_dir.config_path.is_file() else {}
             wandb.init(project=self.cfg.wandb_project, dir=str(folder), config=config)
             self._writers.append(lambda metrics, step: wandb.log(metrics, step=step))
 

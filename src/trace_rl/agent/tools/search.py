@@ -245,6 +245,12 @@ class RetrievalClient:
             raise http.client.IncompleteRead(reply.body, reply.missing)
         return reply.status, reply.body
 
+    def check(self) -> None:
+        """Ask the server one query, as a rollout would, and raise the `ToolError` a rollout would get if it
+        does not answer properly: run before any work, so a dead server stops a run at once instead of
+        turning every search into an error observation (and a warm start into one trained on them)."""
+        self.retrieve(["trace-rl health check"], topk=1)
+
     def search(self, query: str) -> str:
         """Search the knowledge base and return the most relevant passages with their titles."""
         (hits,) = self.retrieve([_check_query(query)])
