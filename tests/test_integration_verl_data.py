@@ -5,7 +5,7 @@ import json
 import pytest
 
 from trace_rl.agent.types import Task
-from trace_rl.config import load_config
+from trace_rl.config import ConfigError, load_config
 from trace_rl.integrations.verl.data import task_rows
 from trace_rl.integrations.verl.manager import TASK_KEY
 from trace_rl.run import RunConfig, load_tasks, task_splits
@@ -45,3 +45,33 @@ def test_the_verl_data_command_writes_both_files_or_says_in_one_line_what_it_nee
 
         assert code == 0
         assert pq.read_table(tmp_path / "d" / "train.parquet").num_rows == 6 and pq.read_table(tmp_path / "d" / "test.parquet").num_rows == 2
+
+
+def gsm8k_file(path, questions):
+    path.write_text("".join(json.dumps({"question": q, "answer": f"so\n#### {i}"}) + "\n" for i, q in enumerate(questions)))
+    return path
+
+
+def test_verl_train_and_test_rows_of_a_file_task_share_no_question(tmp_path):
+    """A file was one split, so the Qwen3 recipe's test.parquet was the first rows of its training file (issue 44)."""
+    train_file = gsm8k_file(tmp_path / "train.jsonl", [f"What is {i} plus {i}?" for i in range(40)])
+    base = ["task.name=file:" + str(train_file), "task.test_tasks=null", "model.warm_start=false", "model.name=smollm2-135m"]
+    share = task_rows(load_config(RunConfig, None, [*base, "task.options={test_share: 0.25}"]))
+    questions = {name: [json.loads(r["extra_info"][TASK_KEY])["question"] for r in rows] for name, rows in share.items()}
+    assert len(questions["test"]) == 10 and len(questions["train"]) == 30
+    assert not set(questions["test"]) & set(questions["train"])
+
+    test_file = gsm8k_file(tmp_path / "test.jsonl", ["What is 100 plus 1?", "WHAT is  3 plus 3?"])  # one is a training question
+    with pytest.raises(ConfigError, match=r"1 of 2 test questions are training questions .*'WHAT is  3 plus 3\?'"):
+        task_rows(load_config(RunConfig, None, [*base, f"task.options={{test_file: {test_file}}}"]))
+    with pytest.raises(ConfigError, match="training questions"):
+        task_rows(load_config(RunConfig, None, [*base, "task.options={test_on_train: true}"]))
+    with pytest.raises(ConfigError, match="test_share"):
+        task_rows(load_config(RunConfig, None, base))
+
+
+def test_the_qwen3_search_recipe_validates_on_its_own_test_file():
+    from trace_rl.config import load_yaml_file
+
+    options = load_yaml_file("configs/gpu/qwen3_8b_search.yaml")["task"]["options"]
+    assert options["test_file"] != load_yaml_file("configs/gpu/qwen3_8b_search.yaml")["task"]["name"].removeprefix("file:")

@@ -15,14 +15,19 @@ import json
 from pathlib import Path
 from typing import Any
 
+from trace_rl.agent.types import Task
+from trace_rl.config import ConfigError
 from trace_rl.integrations.verl.manager import TASK_KEY
 from trace_rl.run import RunConfig, build_env, load_tasks, task_splits
 
 
 def task_rows(config: RunConfig) -> dict[str, list[dict[str, Any]]]:
-    """{split: rows} for the run's RL train split and its test split."""
+    """{split: rows} for the run's RL train split and its test split, which must share no question:
+    verl validates on `test.parquet`, and a validation set of training prompts measures nothing held
+    out (a `file:` task's test split is `task.options.test_file` or `test_share`; see `loaders`)."""
     _, train = task_splits(config)
     test = load_tasks(config.task, "test", config.task.test_tasks)
+    check_disjoint(train.tasks, test.tasks)
     env = build_env(config, train)
     splits = {}
     for name, taskset in (("train", train), ("test", test)):
@@ -37,6 +42,19 @@ def task_rows(config: RunConfig) -> dict[str, list[dict[str, Any]]]:
             for index, task in enumerate(taskset.tasks)
         ]
     return splits
+
+
+def check_disjoint(train: list[Task], test: list[Task]) -> None:
+    """ConfigError unless no test question is a training question (compared with case and spacing
+    folded), naming how many are and the first; `test_on_train` does not lift it here."""
+    seen = {" ".join(task.question.casefold().split()) for task in train}
+    shared = [task for task in test if " ".join(task.question.casefold().split()) in seen]
+    if shared:
+        raise ConfigError(
+            f"{len(shared)} of {len(test)} test questions are training questions (the first: {shared[0].question[:80]!r}): "
+            "verl would validate on prompts it trains on. Give the task a held-out split (task.options.test_file=PATH "
+            "or task.options.test_share=0.1)"
+        )
 
 
 def require_pyarrow() -> None:
