@@ -23,7 +23,7 @@ from scripted_engine import FixedValues, KeyedScriptedEngine, ScriptedEngine, ma
 from trace_rl.distributed.ray_rollout import RayExecutor
 from trace_rl.distributed.split import partition
 from trace_rl.engine.hf import HFEngine
-from trace_rl.models import TinyConfig, load_policy
+from trace_rl.models import LoraSpec, TinyConfig, load_policy
 from trace_rl.plan import Request
 from trace_rl.predictor.hashed import HashedNgramPredictor
 from trace_rl.rollout import Batch, RolloutConfig, RolloutRunner, TreeRolloutCollector
@@ -58,9 +58,9 @@ def scripted_worker(config: RolloutConfig) -> tuple[RolloutRunner, None]:
     return RolloutRunner(KeyedScriptedEngine(tokenizer, turns), tokenizer, env, config), None
 
 
-def tiny_worker(folder: str, config: RolloutConfig) -> tuple[RolloutRunner, object]:
+def tiny_worker(folder: str, config: RolloutConfig, lora: LoraSpec | None = None) -> tuple[RolloutRunner, object]:
     _, env, _, _ = make_world()
-    policy = load_policy(folder)
+    policy = load_policy(folder, lora=lora)
     return RolloutRunner(HFEngine.from_policy(policy), policy.tokenizer, env, config), policy.model
 
 
@@ -147,6 +147,36 @@ def test_after_a_weight_update_the_actors_sample_the_new_weights(world, tmp_path
     after_local, after_ray = both()
     assert_same_trees(after_local, after_ray)
     assert [[n.token_ids for n in t.nodes] for t in after_ray] != [[n.token_ids for n in t.nodes] for t in before_ray]
+
+
+def test_under_lora_a_push_sends_only_the_adapters_and_the_actors_sample_them(world, tmp_path):
+    """The frozen base never changes, so only the adapters travel (issue 44: the whole state dict went to
+    every actor at every version); the actors' trees still match the local engine's after they move."""
+    taskset, env, _, _ = world
+    base = load_policy("tiny", seed=0, tokenizer_texts=[p.text for p in taskset.corpus[:50]], tiny=TINY, cache_dir=tmp_path)
+    lora = LoraSpec(r=4)
+    policy = load_policy(str(base.path), lora=lora)
+    config = RolloutConfig(method="trace", budget=24, max_new_tokens=24)
+    on_ray = RolloutConfig(method="trace", budget=24, max_new_tokens=24, backend="ray", workers=2)
+    engine = HFEngine.from_policy(policy)
+    executor = RayExecutor(functools.partial(tiny_worker, str(base.path), on_ray, lora), 2, engine=engine, model=policy.model)
+    with torch.no_grad():
+        generator = torch.Generator().manual_seed(0)
+        for parameter in policy.model.parameters():
+            if parameter.requires_grad:
+                parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.3)
+    engine.update_weights(policy.model, version=1)
+
+    local = TreeRolloutCollector(engine, policy.tokenizer, env, FixedValues(), config, seed=2).collect(taskset.tasks[:6])
+    remote = TreeRolloutCollector(engine, policy.tokenizer, env, FixedValues(), on_ray, seed=2, executor=executor).collect(taskset.tasks[:6])
+    assert_same_trees(local.trees, remote.trees)
+
+    adapters = sum(p.numel() * 4 for n, p in policy.model.named_parameters() if "lora_" in n)
+    whole = sum(t.numel() * t.element_size() for t in policy.model.state_dict().values())
+    assert executor.pushed_bytes == adapters and remote.stats["rollout/weight_push_bytes"] == adapters
+    assert adapters < whole / 10, (adapters, whole)
+    again = TreeRolloutCollector(engine, policy.tokenizer, env, FixedValues(), on_ray, seed=3, executor=executor).collect(taskset.tasks[:2])
+    assert "rollout/weight_push_bytes" not in again.stats, "no push while the weights have not moved"
 
 
 def test_the_rollout_command_writes_the_same_trees_on_ray_workers(tmp_path):

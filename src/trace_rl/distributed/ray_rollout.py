@@ -18,10 +18,14 @@ the main process, exact over the whole batch; each `run` (one stage's requests) 
   position), so the actors draw what the local collector draws, up to float rounding: a prefix
   served from a different cache can move logits by ~1e-6. `rollout/tokens_prefill` differs, since each
   worker's cache holds only its own trees' prefixes.
-- **Current weights.** Before a run, when the main engine's `weight_version` has moved since the last
-  push (and at the first run, so weights loaded without a version bump also reach the actors), the
-  main model's state dict goes into the object store once (`ray.put`) and every actor loads it and
-  calls its engine's `update_weights` (which empties its prefix cache).
+- **Current weights, only what trains.** Before a run, when the main engine's `weight_version` has
+  moved since the last push (and at the first run, so weights loaded without a version bump also reach
+  the actors), the main model's trainable parameters go into the object store once (`ray.put`) and
+  every actor loads them over its own copy and calls its engine's `update_weights` (which empties its
+  prefix cache). The actors build their model from the same folder as the main process, and what does
+  not train (the frozen base under LoRA, buffers) never changes, so it is never sent: under LoRA a push
+  is the adapters. Each push's size and time are logged (`rollout/weight_push_bytes`,
+  `timing_s/weight_push`).
 
 Ray starts on first use unless it is already running (`ray.init` honours `RAY_ADDRESS`, so a
 cluster is joined the same way); it is never started twice. A Ray this starts does not forward the
@@ -32,6 +36,7 @@ executor is garbage-collected.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -56,8 +61,14 @@ class RolloutWorker:
         self.runner, self.model = build()
 
     def load_weights(self, state: dict[str, Any], version: int) -> None:
-        """Sample from `state` from now on (`Engine.update_weights` semantics: version, empty cache)."""
-        self.model.load_state_dict(state)
+        """Sample from `state` (the trainable parameters) from now on (`Engine.update_weights` semantics:
+        version, empty cache). A name this model does not have, or a trainable parameter left out, is an
+        error: the two sides would sample from different policies."""
+        result = self.model.load_state_dict(state, strict=False)
+        trainable = {name for name, p in self.model.named_parameters() if p.requires_grad}
+        if result.unexpected_keys or trainable - set(state):
+            raise RuntimeError(f"pushed weights do not fit the actor's model: unexpected {result.unexpected_keys[:3]}, "
+                               f"trainable but not sent {sorted(trainable - set(state))[:3]}")
         self.runner.engine.update_weights(self.model, version=version)
 
     def run(self, part: Batch, requests: list[Request], seed: int, temperature: float | None) -> Batch:
@@ -86,9 +97,14 @@ class RayExecutor:
         self.engine = engine
         self.model = model
         self._pushed: int | None = None
+        self.pushed_bytes = 0
+        """Bytes the last push put in the object store (0 before the first)."""
 
     def run(self, batch: Batch, requests: list[Request], *, seed: int, temperature: float | None = None) -> None:
-        self._push_weights()
+        begin = time.perf_counter()
+        if self._push_weights():
+            batch.timings["timing_s/weight_push"] += time.perf_counter() - begin
+            batch.timings["rollout/weight_push_bytes"] += float(self.pushed_bytes)  # the batch's figures, beside its timings
         calls = []
         for worker, trees in zip(self.workers, partition(batch, requests, len(self.workers))):
             if trees:
@@ -100,10 +116,19 @@ class RayExecutor:
         for key, seconds in slowest.items():
             batch.timings[key] += seconds
 
-    def _push_weights(self) -> None:
-        """Every actor loads the main model's weights when their version has moved (or before the first run)."""
+    def _push_weights(self) -> bool:
+        """Every actor loads the main model's trainable weights when their version has moved (or before
+        the first run); whether it pushed."""
         if self.model is None or self.engine.weight_version == self._pushed:
-            return
-        state = ray.put({key: value.detach().cpu() for key, value in self.model.state_dict().items()})
+            return False
+        weights = trainable_state(self.model)
+        self.pushed_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+        state = ray.put(weights)
         ray.get([worker.load_weights.remote(state, self.engine.weight_version) for worker in self.workers])
         self._pushed = self.engine.weight_version
+        return True
+
+
+def trainable_state(model: Any) -> dict[str, Any]:
+    """The model's parameters that train (`requires_grad`), by their state-dict names, detached on the CPU."""
+    return {name: p.detach().cpu() for name, p in model.named_parameters() if p.requires_grad}
