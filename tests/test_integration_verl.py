@@ -11,6 +11,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ torch = pytest.importorskip("torch")
 
 import scripted_engine
 from omegaconf import OmegaConf
+from tensordict import TensorDict
 from scripted_engine import KeyedScriptedEngine, coin_flip_answers, make_world
 from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
@@ -102,6 +104,17 @@ def verl_config(run_yaml: Path, *, train_batch_size: int = 4, n: int = 4, **trac
             "n": n, "temperature": 1.0, "full_determinism": False, "val_kwargs": {"n": 2, "temperature": 1.0}}},
         "trace_rl": {"config": str(run_yaml), **trace},
     })
+
+
+VERL_DEFAULT_CORRECTION = {"rollout_is": None, "rollout_is_threshold": 2.0, "rollout_rs": None, "rollout_rs_threshold": None,
+                           "bypass_mode": False, "loss_type": "ppo_clip", "rollout_is_batch_normalize": False}
+"""`algorithm.rollout_correction` as verl's ppo_trainer.yaml sets it (metrics only)."""
+
+
+def advantage_step(meta, correction=None, metrics=None):
+    """Trainer mode trace's advantage step with `algorithm.rollout_correction` = `correction`."""
+    trainer = SimpleNamespace(config=OmegaConf.create({"algorithm": {"rollout_correction": correction}}))
+    return TracePPOTrainer._compute_advantage(trainer, meta, {} if metrics is None else metrics)
 
 
 def sync_replay_buffer() -> ReplayBuffer:
@@ -224,7 +237,7 @@ def test_the_manager_writes_one_row_per_leaf_with_its_own_reward_and_tree_advant
     manager.generate_sequences(batch)
 
     meta, _ = sync_replay_buffer().sample(global_steps=1, partition_id="train", batch_size=4)
-    meta = TracePPOTrainer._compute_advantage(None, meta, {})
+    meta = advantage_step(meta, VERL_DEFAULT_CORRECTION)  # no old_log_probs here (no actor): correction skipped
     data = tq.kv_batch_get(keys=meta.keys, partition_id="train", select_fields=["rm_scores", "advantages", "response_mask", "responses", NODES, "uid"])
 
     trees = manager.last_trees
@@ -287,7 +300,7 @@ def test_put_rows_keeps_a_hand_worked_trees_rewards_and_advantages(tmp_path):
     assert keys == [f"{uid}_{a}_0", f"{uid}_{b}_0"]
     meta, _ = sync_replay_buffer().sample(global_steps=3, partition_id="train", batch_size=1)
     meta = upsample_batch_to_divisible_size(meta, 4, eos_token_id=0)  # verl's no-op rows: 2 more, one token each
-    meta = TracePPOTrainer._compute_advantage(None, meta, {})
+    meta = advantage_step(meta)
     padding = [key for key, tag in zip(meta.keys, meta.tags) if tag.get("is_padding")]
     assert len(padding) == 2
     pads = tq.kv_batch_get(keys=padding, partition_id="train", select_fields=["advantages", "response_mask"])
@@ -300,6 +313,35 @@ def test_put_rows_keeps_a_hand_worked_trees_rewards_and_advantages(tmp_path):
     assert data["response_mask"][0].tolist() == [1, 1, 0, 1] and data["response_mask"][1].tolist() == [0, 0, 0, 1, 1]
     np.testing.assert_allclose(data["advantages"][0].numpy(), [0, 0, 0, adv], atol=1e-6)
     np.testing.assert_allclose(data["advantages"][1].numpy(), [0, 0, 0, -adv, -adv], atol=1e-6)
+
+
+def test_verls_rollout_correction_runs_on_the_rows_and_its_weights_and_metrics_are_kept(tmp_path):
+    """Trainer mode trace replaces verl's advantage step, which also runs the rollout correction (on by
+    default): it must still run, on the rows' rollout log-probs against the actor's recomputed ones
+    (issue 44: its weights and mismatch metrics vanished without a word)."""
+    tree = RolloutTree.new("t", "q", [1, 2])
+    p = tree.add_turn(0, token_ids=[3, 4, 5], mask=[1, 1, 0], logprobs=[-0.1, -0.2, 0.0])
+    tree.add_turn(p, token_ids=[6], logprobs=[-0.3], reward=1.0)
+    tree.add_turn(p, token_ids=[7, 8], logprobs=[-0.4, -0.5], reward=0.0, starts_rollout=True)
+    uid = str(uuid.uuid4())
+    tq.kv_put(key=uid, partition_id="train", tag={"is_prompt": True, "status": "pending", "global_steps": 5})
+    keys = put_rows([tree], get_estimator("trace")([tree]), [uid], {"uid": [uid]}, partition="train", global_steps=5)
+    meta, _ = sync_replay_buffer().sample(global_steps=5, partition_id="train", batch_size=1)
+    shift = [torch.tensor([0.5, 0.0, 0.0, 1.0]), torch.tensor([0.0, 0.0, 0.0, 0.2, -0.3])]  # the actor's recomputed - the engine's
+    rollout = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["rollout_log_probs"])["rollout_log_probs"].unbind()
+    old = torch.nested.as_nested_tensor([r + d for r, d in zip(rollout, shift)], layout=torch.jagged)
+    tq.kv_batch_put(keys=keys, partition_id="train", fields=TensorDict({"old_log_probs": old}, batch_size=2))
+
+    metrics: dict = {}
+    advantage_step(meta, {**VERL_DEFAULT_CORRECTION, "rollout_is": "token"}, metrics)
+    weights = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["rollout_is_weights"])["rollout_is_weights"].unbind()
+    np.testing.assert_allclose(weights[0].numpy(), [np.exp(0.5), 1.0, 0.0, 2.0], rtol=1e-5)  # masked, truncated at 2
+    np.testing.assert_allclose(weights[1].numpy(), [0.0, 0.0, 0.0, np.exp(0.2), np.exp(-0.3)], rtol=1e-5)
+    assert any(key.startswith("rollout_corr/") for key in metrics)
+
+    bypass: dict = {}
+    advantage_step(meta, {**VERL_DEFAULT_CORRECTION, "bypass_mode": True}, bypass)
+    assert bypass == {}, "bypass mode leaves the correction to the actor, as verl's own step does"
 
 
 def test_the_manager_refuses_a_budget_other_than_verls_rows(run_yaml, world):

@@ -10,6 +10,12 @@ Registered as trainer mode `trace` (`trainer.v1.trainer_mode=trace`). It is verl
 - `_compute_reward_colocate` keeps the rows' `rm_scores`: each leaf's reward was scored by
   trace-rl's env during the rollout.
 
+verl's rollout correction (`algorithm.rollout_correction`, on by default: its off-policy metrics, and
+with `rollout_is` / `rollout_rs` set, importance weights and rejection) runs as verl's own advantage
+step runs it, on the rows' `rollout_log_probs` and the actor's recomputed `old_log_probs`, and its
+`rollout_corr/*` figures reach verl's logger; rejection zeroes `response_mask`, which the actor's loss
+reads, so a rejected token's tree advantage trains nothing.
+
 What verl's actor then does with them is its own PPO update: per-token clipped ratio on its
 recomputed old log-probs, `actor.loss_agg_mode=token-mean` over `response_mask` (the tokens each
 row trains, so a shared prefix counts once), KL as a loss term (`actor.use_kl_loss`). A KL penalty
@@ -22,8 +28,11 @@ from __future__ import annotations
 import torch
 import transfer_queue as tq
 from tensordict import TensorDict
+from verl.protocol import DataProto
+from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.workers.utils.padding import response_to_nested
 
 from trace_rl.config import ConfigError
 from trace_rl.integrations.rows import ADVANTAGES
@@ -52,7 +61,27 @@ class TracePPOTrainer(PPOTrainerSync):
                 rows.append(advantage.float())
         advantages = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
         fields = TensorDict({"advantages": advantages, "returns": advantages.clone()}, batch_size=len(batch))
-        return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
+        batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
+        return rollout_correction(batch, self.config.algorithm.get("rollout_correction", None), metrics)
 
     def _compute_reward_colocate(self, batch, metrics=None):
         return batch
+
+
+def rollout_correction(batch, settings, metrics: dict):
+    """verl's rollout correction on `batch`, as `PPOTrainerSync._compute_advantage` runs it: skipped when
+    `settings` is None, in bypass mode, or without rollout log-probs; else its `rollout_corr/*` metrics
+    go into `metrics` and the (rejection-)masked `response_mask`, with `rollout_is_weights` when
+    `rollout_is` is set, go back to TransferQueue."""
+    if settings is None or settings.get("bypass_mode", False):
+        return batch
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["response_mask", "rollout_log_probs", "old_log_probs"])
+    if "rollout_log_probs" not in data.keys() or "old_log_probs" not in data.keys():
+        return batch
+    response_mask = data["response_mask"]
+    proto = DataProto(batch=data.to_padded_tensor())
+    proto, figures = compute_rollout_correction_and_add_to_batch(proto, settings)
+    metrics.update(figures)
+    names = ["response_mask", *(["rollout_is_weights"] if "rollout_is_weights" in proto.batch else [])]
+    fields = TensorDict({name: response_to_nested(proto.batch[name], response_mask) for name in names}, batch_size=len(batch))
+    return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
