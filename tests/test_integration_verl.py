@@ -315,6 +315,31 @@ def test_put_rows_keeps_a_hand_worked_trees_rewards_and_advantages(tmp_path):
     np.testing.assert_allclose(data["advantages"][1].numpy(), [0, 0, 0, -adv, -adv], atol=1e-6)
 
 
+def test_verls_group_filter_drops_a_tree_whose_leaves_all_scored_alike_and_keeps_a_mixed_one():
+    """verl's DAPO group filter reads `reward_extra_info` (issue 44: none was written, so it failed)."""
+    mixed = RolloutTree.new("m", "q", [1, 2])
+    trunk = mixed.add_turn(0, token_ids=[3, 4], logprobs=[-0.1, -0.2])
+    mixed.add_turn(trunk, token_ids=[5], logprobs=[-0.3], reward=1.0)
+    mixed.add_turn(trunk, token_ids=[6], logprobs=[-0.4], reward=0.0, starts_rollout=True)
+    uniform = RolloutTree.new("u", "q2", [1, 7])
+    for token in (8, 9):
+        uniform.add_turn(0, token_ids=[token], logprobs=[-0.5], reward=0.0)
+    uids = [str(uuid.uuid4()), str(uuid.uuid4())]
+    for uid in uids:
+        tq.kv_put(key=uid, partition_id="train", tag={"is_prompt": True, "status": "pending", "global_steps": 7})
+    keys = put_rows([mixed, uniform], get_estimator("trace")([mixed, uniform]), uids, {"uid": uids}, partition="train", global_steps=7)
+    extra = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["extra_fields"])["extra_fields"]
+    assert [getattr(e, "data", e)["reward_extra_info"]["acc"] for e in extra] == [1.0, 0.0, 0.0, 0.0]
+
+    refills: list[int] = []
+    buffer = ReplayBuffer(trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop",
+                          sampler_kwargs={}, poll_interval=0.05, refill_fn=refills.append, filter_groups_metric="acc",
+                          train_batch_size=1, gen_batch_size=1)
+    meta, metrics = buffer.sample(global_steps=7, partition_id="train", batch_size=1)
+    assert {key.rsplit("_", 2)[0] for key in meta.keys} == {uids[0]}
+    assert metrics["training/filter_groups/evicted_samples"] == 1 and refills == []
+
+
 def test_verls_rollout_correction_runs_on_the_rows_and_its_weights_and_metrics_are_kept(tmp_path):
     """Trainer mode trace replaces verl's advantage step, which also runs the rollout correction (on by
     default): it must still run, on the rows' rollout log-probs against the actor's recomputed ones

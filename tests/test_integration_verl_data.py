@@ -75,3 +75,30 @@ def test_the_qwen3_search_recipe_validates_on_its_own_test_file():
 
     options = load_yaml_file("configs/gpu/qwen3_8b_search.yaml")["task"]["options"]
     assert options["test_file"] != load_yaml_file("configs/gpu/qwen3_8b_search.yaml")["task"]["name"].removeprefix("file:")
+
+
+SGLANG_SAMPLING_FIELDS = {
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p", "frequency_penalty",
+    "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "beam_width", "json_schema", "regex", "ebnf", "structural_tag",
+    "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "stream_interval", "logit_bias",
+    "sampling_seed", "custom_params",
+}
+"""The fields of SGLang's `SamplingParams` (sglang 0.5.23, srt/sampling/sampling_params.py), which refuses any other key."""
+VERL_SGLANG_MAPS = {"max_tokens", "logprobs"}
+"""Keys verl's SGLang server (`async_sglang_server.generate`) takes out and maps before SGLang sees them."""
+
+
+def test_sglang_requests_use_sglangs_names_and_vllm_requests_keep_vllms():
+    """The verl engine sent vLLM-only keys to SGLang replicas, whose SamplingParams refuses them (issue 44)."""
+    from trace_rl.engine.base import SamplingParams
+    from trace_rl.integrations.verl.engine import LLMServerEngine, sampling_request
+
+    params = SamplingParams(temperature=0.7, max_new_tokens=32, stop=("</action>",))
+    sglang = sampling_request(params, 11, "sglang")
+    assert set(sglang) - VERL_SGLANG_MAPS <= SGLANG_SAMPLING_FIELDS
+    assert sglang["no_stop_trim"] is True and sglang["sampling_seed"] == 11 and sglang["stop"] == ["</action>"]
+    vllm = sampling_request(params, 11)
+    assert vllm["include_stop_str_in_output"] is True and vllm["seed"] == 11 and "no_stop_trim" not in vllm
+    assert "seed" not in sampling_request(params, None, "sglang") and "sampling_seed" not in sampling_request(params, None, "sglang")
+    with pytest.raises(ValueError, match="'trtllm' is not supported"):
+        LLMServerEngine(None, None, backend="trtllm")  # refused before the client or tokenizer is used

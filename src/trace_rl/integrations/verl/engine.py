@@ -23,6 +23,10 @@ thread; the caller may itself run inside verl's loop) and waits for the lot.
 - **Log-probs** are what the replica reports: vLLM's raw (temperature-1) log-probs unless it runs
   with `logprobs_mode=processed_logprobs`. verl recomputes the old policy's log-probs before its
   update, so they only feed its rollout-correction figures, never the ratio.
+- **vLLM or SGLang.** The request's sampling keys are vLLM's; for SGLang replicas
+  (`actor_rollout_ref.rollout.name=sglang`) they are translated to SGLang's names
+  (`include_stop_str_in_output` -> `no_stop_trim`, `seed` -> `sampling_seed`); verl's SGLang server
+  itself maps `max_tokens` and `logprobs` (`sampling_request`). Other backends are refused.
 - **Weights** belong to verl: its checkpoint engine syncs the replicas after every optimiser step,
   so this engine takes none (`accepts_weights = False`).
 """
@@ -38,6 +42,33 @@ from typing import Any
 from trace_rl.engine.base import Completion, EngineError, FinishReason, SamplingParams, check_prompts, cut_at_stop, detokenize, server_seeds
 
 
+BACKENDS = ("vllm", "sglang")
+"""verl rollout backends (`actor_rollout_ref.rollout.name`) whose request keys `sampling_request` writes."""
+
+_SGLANG_NAMES = {"include_stop_str_in_output": "no_stop_trim", "seed": "sampling_seed"}
+"""vLLM sampling keys and SGLang's names for them (SGLang's `SamplingParams` refuses unknown keys)."""
+
+
+def sampling_request(params: SamplingParams, seed: int | None, backend: str = "vllm") -> dict[str, Any]:
+    """The `sampling_params` of one verl `generate` call: vLLM's keys, or SGLang's for `backend="sglang"`
+    (verl's SGLang server maps `max_tokens` -> `max_new_tokens` and pops `logprobs` into `return_logprob`)."""
+    sampling: dict[str, Any] = {
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": -1,
+        "max_tokens": params.max_new_tokens,
+        "stop": list(params.stop),
+        "include_stop_str_in_output": True,
+        "ignore_eos": params.ignore_eos,
+        "logprobs": True,
+    }
+    if seed is not None:
+        sampling["seed"] = seed
+    if backend == "sglang":
+        sampling = {_SGLANG_NAMES.get(key, key): value for key, value in sampling.items()}
+    return sampling
+
+
 class LLMServerEngine:
     """`trace_rl.engine.base.Engine` over any object with verl's `LLMServerClient.generate` (module docstring)."""
 
@@ -45,9 +76,14 @@ class LLMServerEngine:
     weight_version = 0
     routes_by_key = True
 
-    def __init__(self, client: Any, tokenizer: Any, *, route_prefix_tokens: int = 64, timeout_s: float = 3600.0) -> None:
+    def __init__(
+        self, client: Any, tokenizer: Any, *, backend: str = "vllm", route_prefix_tokens: int = 64, timeout_s: float = 3600.0
+    ) -> None:
         if route_prefix_tokens < 1 or not timeout_s > 0:
             raise ValueError(f"need route_prefix_tokens >= 1 and timeout_s > 0, got {route_prefix_tokens!r}, {timeout_s!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"verl rollout backend {backend!r} is not supported by trace-rl's manager (supported: {', '.join(BACKENDS)})")
+        self.backend = backend
         self.client = client
         self.tokenizer = tokenizer
         self.route_prefix_tokens = route_prefix_tokens
@@ -86,18 +122,7 @@ class LLMServerEngine:
         return await asyncio.gather(*(self._one(request_id, prompt, seed, params) for request_id, prompt, seed in calls))
 
     async def _one(self, request_id: str, prompt: list[int], seed: int | None, params: SamplingParams) -> Any:
-        sampling: dict[str, Any] = {
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "top_k": -1,
-            "max_tokens": params.max_new_tokens,
-            "stop": list(params.stop),
-            "include_stop_str_in_output": True,
-            "ignore_eos": params.ignore_eos,
-            "logprobs": True,
-        }
-        if seed is not None:
-            sampling["seed"] = seed
+        sampling = sampling_request(params, seed, self.backend)
         return await self.client.generate(request_id, prompt_ids=list(prompt), sampling_params=sampling)
 
     def _completion(self, output: Any, params: SamplingParams) -> Completion:

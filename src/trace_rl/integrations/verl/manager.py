@@ -50,7 +50,7 @@ from trace_rl.advantage import advantage_metrics
 from trace_rl.agent.types import Task
 from trace_rl.config import ConfigError, load_config
 from trace_rl.integrations.rows import ADVANTAGES, LEAF, REWARD, tree_rows
-from trace_rl.integrations.verl.engine import LLMServerEngine
+from trace_rl.integrations.verl.engine import BACKENDS, LLMServerEngine
 from trace_rl.metrics import predictor_metrics, rollout_metrics
 from trace_rl.predictor.base import backup_targets
 from trace_rl.rollout import TreeRolloutCollector
@@ -62,6 +62,9 @@ logger = logging.getLogger(__name__)
 
 TASK_KEY = "trace_task"
 """The key of a dataset row's `extra_info` holding its trace-rl task, as JSON (`Task.to_dict`)."""
+REWARD_EXTRA_INFO = ("score", "acc")
+"""Names a row's `extra_fields.reward_extra_info` gives its leaf's reward (verl's reward loop reports
+`score` and, for rule rewards, `acc`), so `algorithm.filter_groups.metric` can name either."""
 NODES = "trace_nodes"
 """Row field: the tree node id of every response token."""
 
@@ -93,6 +96,8 @@ def check_verl_config(config: Any, run: RunConfig) -> None:
         )
     if int(config.data.train_batch_size) != run.prompts_per_step:
         raise ConfigError(f"trace_rl prompts_per_step={run.prompts_per_step} but data.train_batch_size={config.data.train_batch_size}; they must agree")
+    if str(rollout.get("name", "vllm")) not in BACKENDS:
+        raise ConfigError(f"actor_rollout_ref.rollout.name={rollout.get('name')!r}: trace-rl's manager writes requests for {' or '.join(BACKENDS)} replicas only")
     if rollout.get("full_determinism", False):
         raise ConfigError("actor_rollout_ref.rollout.full_determinism=True sends verl's sticky key as the vLLM request id, which a tree's concurrent branches share")
     prompt, response = config.data.get("max_prompt_length"), config.data.get("max_response_length")
@@ -126,7 +131,7 @@ class TraceAgentLoopManager:
             tokenizer = AutoTokenizer.from_pretrained(config.actor_rollout_ref.model.path)
         _, train = task_splits(self.run)
         env = build_env(self.run, train)  # its tools and corpus (or the retrieval server) serve every row's task
-        self.engine = LLMServerEngine(llm_client, tokenizer)
+        self.engine = LLMServerEngine(llm_client, tokenizer, backend=str(config.actor_rollout_ref.rollout.get("name", "vllm")))
         self.predictor = build_predictor(self.run)
         self.collector = TreeRolloutCollector(self.engine, tokenizer, env, self.predictor, self.run.rollout, seed=self.run.seed)
         self.estimator = self.run.train.estimator(self.run.rollout.spec)
@@ -246,7 +251,9 @@ def _row(rows: dict[str, list[Any]], r: int, tree: RolloutTree, leaf: int) -> di
         NODES: torch.tensor(nodes, dtype=torch.int64),
         LEAF: int(leaf),
         "num_turns": len(tree.path(leaf)) - 1,
-        "extra_fields": {},  # verl reads the column; the leaf and its reward are the fields above
+        # verl's group filter (DAPO, `algorithm.filter_groups.metric`) reads a trajectory's reward_extra_info
+        # unless the metric is `reward` (rm_scores): the leaf's own reward under the names verl's reward loop uses
+        "extra_fields": {"reward_extra_info": {name: float(rows[REWARD][r]) for name in REWARD_EXTRA_INFO}},
     }
 
 
