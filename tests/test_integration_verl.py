@@ -43,7 +43,9 @@ from trace_rl.integrations.verl.engine import LLMServerEngine
 from trace_rl.integrations.verl.manager import NODES, TraceAgentLoopManager, put_rows
 from trace_rl.integrations.verl.trainer import TracePPOTrainer
 from trace_rl.models import TinyConfig, load_policy, token_logprobs
+from trace_rl.predictor.base import backup_targets
 from trace_rl.run import RunConfig
+from trace_rl.rundir import RunDir
 from trace_rl.tree import RolloutTree
 
 pytestmark = pytest.mark.verl
@@ -263,6 +265,35 @@ def test_the_manager_writes_one_row_per_leaf_with_its_own_reward_and_tree_advant
     assert trained == sum(sum(n.mask) for t in trees for n in t.nodes[1:])  # every policy token trained once
     assert any(len(set(r)) > 1 for r in rewards_by_prompt.values())  # groups mix: rewards were not copied from one leaf
     assert (tmp_path / "trace_run" / "metrics.jsonl").is_file() and (tmp_path / "trace_run" / "trees").is_dir()
+
+
+def test_a_resumed_verl_run_restores_the_managers_predictor_and_rng_of_the_step_verl_resumes_from(world, run_yaml, tmp_path):
+    """verl's checkpoints hold its models only (issue 44: a resumed run's predictor restarted cold). The
+    manager keeps its state per step in trace_rl.out; a new manager (verl restarted from its step-2
+    checkpoint) restores step 2's before planning step 3, and refuses a resume it has no state for."""
+    _, _, tokenizer, _ = world
+    server = ray.remote(EngineServer).remote(scripted_coin_flips)
+    config = verl_config(run_yaml, out=str(tmp_path / "trace_run"))
+    config.trainer = {"save_freq": 2}
+    first = TraceAgentLoopManager.create(config=config, llm_client=verl_client(server), tokenizer=tokenizer)
+    paths = write_parquet(first.run, tmp_path / "data")
+    for step in (1, 2, 3):
+        first.generate_sequences(submit(tokenizer, paths["train"], 4, partition="train", step=step))
+        sync_replay_buffer().sample(global_steps=step, partition_id="train", batch_size=4)
+        if step == 2:
+            histories = backup_targets(first.last_trees)[0]
+            estimates, rng = first.predictor.predict(histories), first.collector.rng.bit_generator.state
+    assert sorted(RunDir(tmp_path / "trace_run").checkpoint_files()) == [2, 3]  # verl's save step and the newest
+
+    resumed = TraceAgentLoopManager.create(config=config, llm_client=verl_client(server), tokenizer=tokenizer)
+    assert not np.allclose(resumed.predictor.predict(histories), estimates)  # a new manager starts cold
+    assert resumed.restore(3) == 2
+    np.testing.assert_array_equal(resumed.predictor.predict(histories), estimates)
+    assert resumed.collector.rng.bit_generator.state == rng
+    assert [m["step"] for m in RunDir(tmp_path / "trace_run").metrics()] == [1, 2]
+
+    with pytest.raises(ConfigError, match=r"verl resumed at step 6, but .* holds the manager's state for steps \[2, 3\], not 5"):
+        TraceAgentLoopManager.create(config=config, llm_client=verl_client(server), tokenizer=tokenizer).restore(6)
 
 
 def test_a_validation_batch_gets_val_kwargs_n_plain_rollouts_per_prompt_and_no_predictor_update(world, run_yaml, tmp_path):

@@ -396,6 +396,14 @@ class RunDir:
             return state
         raise RunDirError(f"{self.path} has no readable checkpoint: {', '.join(skipped)}")
 
+    def read_checkpoint(self, step: int) -> dict[str, Any]:
+        """The checkpoint of `step`, loaded as data (`load_checkpoint`'s rules); RunDirError if it is
+        missing, cut short or not data."""
+        try:
+            return _read_checkpoint(self._inside(self.checkpoint_path(step)))
+        except _Unreadable as exc:
+            raise RunDirError(f"{self.checkpoint_path(step)} cannot be read ({exc})") from None
+
     def _inside(self, path: Path) -> Path:
         """`path`, if it resolves to a file inside the run folder (a link out of it is refused)."""
         if not path.resolve().is_relative_to(self.path.resolve()):

@@ -21,6 +21,14 @@ as trace-rl's trainer does, so both stages stay exact over all of it:
 3. the predictor learns from the trees' backups, and with `trace_rl.out` set the batch's figures
    and trees go to that run folder (`metrics.jsonl`, `trees/`), so `trace-rl report` reads them.
 
+**Resuming.** verl's checkpoints hold its models, not the manager's state (the predictor, the
+collector's RNG, Stage-2 evidence and token costs). With `trace_rl.out` set, the manager saves that
+state after every training step as `checkpoints/step_XXXX.pt` in the folder, keeping the steps verl
+checkpoints (`trainer.save_freq`) and the newest. When verl resumes from its step k, the first batch
+it sends is step k + 1, and the manager restores its state of step k (and rewinds the folder's
+metrics to it) before planning; a resume it has no state for is refused, naming the steps it has.
+Without `trace_rl.out`, a resumed run's predictor starts cold, with a warning.
+
 Every row carries its own reward and advantage: verl's agent-loop path copies the last output's
 reward onto a session's other outputs and its GRPO estimator sees only rewards and `uid`, which is
 why the advantages travel as a field and `TracePPOTrainer` (trainer mode `trace`) trains them.
@@ -140,6 +148,10 @@ class TraceAgentLoopManager:
             self.out.write_config(self.run)
         self.last_trees: list[RolloutTree] = []
         self.last_metrics: dict[str, float] = {}
+        trainer = config.get("trainer") if hasattr(config, "get") else None
+        self.save_freq = int((trainer.get("save_freq", -1) if trainer is not None else -1) or -1)
+        """verl's checkpoint cadence: the manager's states at these steps are kept for a resume."""
+        self._checked_resume = False
 
     @classmethod
     def create(cls, *args: Any, **kwargs: Any) -> TraceAgentLoopManager:
@@ -157,11 +169,48 @@ class TraceAgentLoopManager:
             trees = self._validation_trees(batch, tasks)
             advantages = self.estimator(trees)
         else:
+            if not self._checked_resume:
+                self.restore(step)
+                self._checked_resume = True
             collected = self.collector.collect(tasks)
             trees = collected.trees
             advantages = self.estimator(trees)
             self._learn(trees, advantages, collected.metrics(), step, time.perf_counter() - begin)
+            self._save_state(step)
         put_rows(trees, advantages, uids, _prompt_fields(batch), partition="val" if validate else "train", global_steps=step)
+
+    def restore(self, step: int) -> int | None:
+        """Before the first training batch, `step`: restore the manager's state of step - 1 from
+        `trace_rl.out` when verl resumed (step > 1); the step restored, or None (module docstring)."""
+        if step <= 1:
+            return None
+        if self.out is None:
+            logger.warning("verl resumed at step %d without +trace_rl.out: the predictor and Stage-2 evidence start cold "
+                           "(set trace_rl.out to keep them across resumes)", step)
+            return None
+        saved = self.out.checkpoint_files()
+        if step - 1 not in saved:
+            raise ConfigError(
+                f"verl resumed at step {step}, but {self.out.path} holds the manager's state for steps {sorted(saved) or 'none'}, "
+                f"not {step - 1}: the predictor would not be the one those steps trained. Resume verl from one of those steps"
+            )
+        state = self.out.read_checkpoint(step - 1)
+        self.predictor.load_state_dict(state["predictor"])
+        self.collector.load_state_dict(state["collector"])
+        record = state.get("record")
+        self.out.rewind(step - 1, json.loads(record) if isinstance(record, str) else None)
+        logger.info("trace-rl: restored the manager's state of step %d from %s", step - 1, self.out.path)
+        return step - 1
+
+    def _save_state(self, step: int) -> None:
+        """The manager's state after `step` into `trace_rl.out`; keeps verl's checkpoint steps and the newest."""
+        if self.out is None:
+            return
+        self.out.save_checkpoint({"step": step, "predictor": self.predictor.state_dict(), "collector": self.collector.state_dict()},
+                                 step, keep=len(self.out.checkpoint_files()) + 1)
+        for old, path in self.out.checkpoint_files().items():
+            if old != step and not (self.save_freq > 0 and old % self.save_freq == 0):
+                path.unlink()
 
     def _task(self, info: Any, uid: str) -> Task:
         text = info.get(TASK_KEY) if isinstance(info, dict) else None
