@@ -3,13 +3,17 @@
     python examples/trl_trace.py --steps 2 [key=value ...]
     python examples/trl_trace.py --config configs/gpu/trl_qwen3_1p7b_vllm.yaml --steps 200   # on a GPU
 
-The run is `configs/smoke.yaml` (the multihop task, the tiny policy warm-started through trace-rl's
-cached warm start, made once) with two prompts of four rollouts a step and short turns; key=value
-arguments override it further. `--config` runs another run config as it is (the GPU recipe
+The run is `configs/smoke.yaml` (the multihop task, the tiny policy) made small enough for two cores:
+eight training questions, a warm start of 200 steps on demonstrations of those same eight (cached,
+made once, about a minute), two prompts of four rollouts a step. A policy warm-started that briefly
+earns reward only on questions it was shown, so this is a check that TRL makes real updates on
+TRACE's trees (rewards, a gradient, weights that move), not a held-out result; key=value arguments
+override it further. `--config` runs another run config as it is (the GPU recipe
 generates with a `vllm serve` server, which receives the weights after every step). Each prompt's four rollouts form one TRACE tree (two bare rollouts,
 two continuations from the prefixes Stage 2 picks), and TRL trains on the tree advantages
 (`trace_rl.integrations.trl`). Prints one JSON object per step (TRL's figures and the batch's
-`tree/*`, `rollout/*`, `predictor/*`), then one with the steps and the training time.
+`tree/*`, `rollout/*`, `predictor/*`), then one with the steps, the training time and the largest change
+of any trained weight.
 """
 
 from __future__ import annotations
@@ -28,8 +32,12 @@ from trace_rl.integrations.trl import TraceGRPOTrainer, TraceRollout, grpo_confi
 from trace_rl.run import RunConfig, build_parts
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
-OVERRIDES = ("prompts_per_step=2", "rollout.budget=4", "rollout.max_new_tokens=32", "task.max_turns=3")
-"""Small enough that a step takes seconds on two cores."""
+OVERRIDES = (
+    "prompts_per_step=2", "rollout.budget=4", "rollout.max_new_tokens=64", "task.max_turns=5",
+    "task.train_tasks=8", "sft.demos=96", "sft.steps=200", "sft.batch_size=8",
+)
+"""A step takes seconds on two cores, and the policy earns reward: the smoke config's 10-step warm start
+with 32-token turns over 3 turns never did (every reward, loss and gradient 0)."""
 
 
 class JsonLines(TrainerCallback):
@@ -54,10 +62,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         trainer = TraceGRPOTrainer(parts.policy.model, rollout, args, callbacks=[JsonLines()])
         trainer.remove_callback(PrinterCallback)  # it prints the same logs as Python dicts
         trainer.remove_callback(ProgressCallback)
+        before = {name: p.detach().clone() for name, p in parts.policy.model.named_parameters() if p.requires_grad}
         begin = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - begin
-    summary = {"steps": trainer.state.global_step, "train_s": round(seconds, 2), "num_generations": rollout.num_generations}
+    moved = max(float((p.detach() - before[name]).abs().max()) for name, p in parts.policy.model.named_parameters() if name in before)
+    summary = {"steps": trainer.state.global_step, "train_s": round(seconds, 2), "num_generations": rollout.num_generations,
+               "max_weight_change": moved}
     print(json.dumps(summary), flush=True)
     return summary
 

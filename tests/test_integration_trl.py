@@ -185,7 +185,7 @@ def test_trace_trainer_refuses_a_config_that_would_not_train_the_tree_advantages
             TraceGRPOTrainer(policy.model, rollout, args)
 
 
-def test_the_example_trains_two_steps_through_trl_from_the_cached_warm_start(tmp_path, monkeypatch, capsys):
+def test_the_example_makes_real_updates_through_trl_from_a_warm_start_that_earns_reward(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TRACE_RL_CACHE", str(tmp_path / "cache"))  # a private warm start
     spec = importlib.util.spec_from_file_location("trl_trace", REPO / "examples" / "trl_trace.py")
     example = importlib.util.module_from_spec(spec)
@@ -196,4 +196,7 @@ def test_the_example_trains_two_steps_through_trl_from_the_cached_warm_start(tmp
     steps = [line for line in lines if "tree/leaves" in line]
     assert [line["step"] for line in steps] == [1, 2]
     assert all(line["rollout/leaves"] == 8 and line["tree/leaves_per_prompt"] == 4 for line in steps)
+    # real updates (issue 44: every reward, loss and gradient was 0): rewards, mixed groups, a gradient, weights that moved
+    assert any(line["rewards/leaf_reward/mean"] > 0 and line["tree/effective_ratio"] > 0 for line in steps)
+    assert any(line["grad_norm"] > 0 for line in steps) and summary["max_weight_change"] > 0
     assert list((tmp_path / "cache").glob("sft-*/trace_rl_sft.json")), "the warm start was not made in the private cache"
