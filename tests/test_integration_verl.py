@@ -113,10 +113,11 @@ VERL_DEFAULT_CORRECTION = {"rollout_is": None, "rollout_is_threshold": 2.0, "rol
 """`algorithm.rollout_correction` as verl's ppo_trainer.yaml sets it (metrics only)."""
 
 
-def advantage_step(meta, correction=None, metrics=None):
-    """Trainer mode trace's advantage step with `algorithm.rollout_correction` = `correction`."""
-    trainer = SimpleNamespace(config=OmegaConf.create({"algorithm": {"rollout_correction": correction}}))
-    return TracePPOTrainer._compute_advantage(trainer, meta, {} if metrics is None else metrics)
+def advantage_step(meta, correction=None, metrics=None, **trainer):
+    """Trainer mode trace's advantage step with `algorithm.rollout_correction` = `correction` (and the
+    trainer's `agent_loop_manager` and `global_steps`, when given)."""
+    state = SimpleNamespace(config=OmegaConf.create({"algorithm": {"rollout_correction": correction}}), **trainer)
+    return TracePPOTrainer._compute_advantage(state, meta, {} if metrics is None else metrics)
 
 
 def sync_replay_buffer() -> ReplayBuffer:
@@ -239,7 +240,9 @@ def test_the_manager_writes_one_row_per_leaf_with_its_own_reward_and_tree_advant
     manager.generate_sequences(batch)
 
     meta, _ = sync_replay_buffer().sample(global_steps=1, partition_id="train", batch_size=4)
-    meta = advantage_step(meta, VERL_DEFAULT_CORRECTION)  # no old_log_probs here (no actor): correction skipped
+    logged: dict = {}
+    meta = advantage_step(meta, VERL_DEFAULT_CORRECTION, logged, agent_loop_manager=manager, global_steps=1)  # no old_log_probs: no correction
+    assert logged == {f"trace/{key}": value for key, value in manager.last_metrics.items()} and "trace/tree/effective_ratio" in logged
     data = tq.kv_batch_get(keys=meta.keys, partition_id="train", select_fields=["rm_scores", "advantages", "response_mask", "responses", NODES, "uid"])
 
     trees = manager.last_trees

@@ -148,6 +148,8 @@ class TraceAgentLoopManager:
             self.out.write_config(self.run)
         self.last_trees: list[RolloutTree] = []
         self.last_metrics: dict[str, float] = {}
+        self.last_step: int | None = None
+        """The training step `last_metrics` belong to (`TracePPOTrainer` logs them through verl's logger)."""
         trainer = config.get("trainer") if hasattr(config, "get") else None
         self.save_freq = int((trainer.get("save_freq", -1) if trainer is not None else -1) or -1)
         """verl's checkpoint cadence: the manager's states at these steps are kept for a resume."""
@@ -228,7 +230,7 @@ class TraceAgentLoopManager:
         if histories:
             metrics.update(self.predictor.update(histories, targets, weights))
         metrics["timing_s/trace_collect"] = seconds
-        self.last_trees, self.last_metrics = trees, metrics
+        self.last_trees, self.last_metrics, self.last_step = trees, metrics, step
         if self.out is not None:
             self.out.append_metrics({"step": step, "method": self.run.rollout.method, **metrics})
             self.out.write_trees(trees, step)

@@ -13,7 +13,7 @@ Registered as trainer mode `trace` (`trainer.v1.trainer_mode=trace`). It is verl
 verl's rollout correction (`algorithm.rollout_correction`, on by default: its off-policy metrics, and
 with `rollout_is` / `rollout_rs` set, importance weights and rejection) runs as verl's own advantage
 step runs it, on the rows' `rollout_log_probs` and the actor's recomputed `old_log_probs`, and its
-`rollout_corr/*` figures reach verl's logger; rejection zeroes `response_mask`, which the actor's loss
+`rollout_corr/*` figures reach verl's logger (as do the manager's TRACE figures, under `trace/`); rejection zeroes `response_mask`, which the actor's loss
 reads, so a rejected token's tree advantage trains nothing.
 
 What verl's actor then does with them is its own PPO update: per-token clipped ratio on its
@@ -62,10 +62,21 @@ class TracePPOTrainer(PPOTrainerSync):
         advantages = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
         fields = TensorDict({"advantages": advantages, "returns": advantages.clone()}, batch_size=len(batch))
         batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
+        metrics.update(trace_figures(getattr(self, "agent_loop_manager", None), getattr(self, "global_steps", None)))
         return rollout_correction(batch, self.config.algorithm.get("rollout_correction", None), metrics)
 
     def _compute_reward_colocate(self, batch, metrics=None):
         return batch
+
+
+def trace_figures(manager, step) -> dict[str, float]:
+    """The manager's figures of training step `step` (`tree/*`, `predictor/*`, `rollout/*`, ...) under
+    `trace/`, for the step's metrics, which verl's own logger (console, wandb, TensorBoard) writes: the
+    manager runs in the trainer's process (verl's task runner hands it to `fit`). Empty for another
+    step or another manager."""
+    if manager is None or getattr(manager, "last_step", None) != step:
+        return {}
+    return {f"trace/{key}": float(value) for key, value in manager.last_metrics.items()}
 
 
 def rollout_correction(batch, settings, metrics: dict):
