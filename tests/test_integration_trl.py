@@ -23,6 +23,7 @@ from trace_rl.config import FieldError, load_config
 from trace_rl.engine.hf import HFEngine
 from trace_rl.integrations.trl import ADVANTAGES, REWARD, TraceGRPOTrainer, TraceRollout, grpo_config
 from trace_rl.models import TinyConfig, load_policy
+from trace_rl.predictor.base import backup_targets
 from trace_rl.rollout import TreeRolloutCollector
 from trace_rl.run import Parts, RunConfig, build_env, build_predictor
 from trace_rl.train.sequences import loss_denominator, tree_sequences
@@ -78,7 +79,7 @@ def world(tmp_path_factory):
     return train, lambda: load_policy("tiny", seed=0, tokenizer_texts=texts, tiny=tiny, cache_dir=cache)
 
 
-def build(world, engine_kind: str, config: RunConfig, output_dir: Path):
+def build(world, engine_kind: str, config: RunConfig, output_dir: Path, **extra):
     """(policy, rollout, trainer): the HF engine over the trainer's own model, or a scripted engine
     whose coin-flip answers make mixed trees (so the advantages are not all zero)."""
     train, make_policy = world
@@ -92,7 +93,7 @@ def build(world, engine_kind: str, config: RunConfig, output_dir: Path):
     collector = TreeRolloutCollector(engine, policy.tokenizer, env, predictor, config.rollout, seed=config.seed)
     parts = Parts(train=train, test=train, env=env, policy=policy, engine=engine, predictor=predictor, collector=collector)
     rollout = RecordingRollout(parts.collector, parts.train.tasks)
-    return policy, rollout, grpo_config(config, output_dir=str(output_dir), disable_tqdm=True)
+    return policy, rollout, grpo_config(config, output_dir=str(output_dir), disable_tqdm=True, **extra)
 
 
 def expected_rows(trees):
@@ -169,6 +170,29 @@ def test_grpo_trainer_trains_every_tree_node_once_with_trace_rls_advantages_and_
         advantages = [a for loss in trainer.losses for a in loss["advantages"].flatten().tolist()]
         assert any(t.is_mixed() for c in rollout.calls for t in c["trees"]) and any(advantages)
         assert changed  # the tree advantages moved the weights
+
+
+def test_a_resumed_trl_run_grows_the_trees_an_unbroken_one_grows(world, tmp_path):
+    """TRL's checkpoints held the model only (issue 44): the predictor and the collector's RNG travel
+    beside them (`trace_rl_state.pt`), so a run resumed after step 2 plans step 3 as an unbroken run."""
+    def comparable(trees):
+        return [[(n.token_ids, n.reward, n.rollout_start) for n in tree.nodes] for tree in trees]
+
+    policy, unbroken, args = build(world, "scripted", small_config(**{"train.steps": 3}), tmp_path / "unbroken")
+    RecordingTrainer(policy.model, unbroken, args).train()
+
+    policy, first, args = build(world, "scripted", small_config(), tmp_path / "out", save_strategy="steps", save_steps=1)
+    RecordingTrainer(policy.model, first, args).train()
+    assert (tmp_path / "out" / "checkpoint-2" / "trace_rl_state.pt").is_file()
+    policy, resumed, args = build(world, "scripted", small_config(**{"train.steps": 3}), tmp_path / "out", save_strategy="steps", save_steps=1)
+    RecordingTrainer(policy.model, resumed, args).train(resume_from_checkpoint=True)
+    assert [call["step"] for call in resumed.calls] == [2]
+    assert comparable(resumed.calls[0]["trees"]) == comparable(unbroken.calls[2]["trees"])
+
+    (tmp_path / "out" / "checkpoint-3" / "trace_rl_state.pt").unlink()
+    policy, again, args = build(world, "scripted", small_config(**{"train.steps": 4}), tmp_path / "out", save_strategy="steps", save_steps=1)
+    with pytest.raises(FileNotFoundError, match="trace_rl_state.pt is missing"):
+        RecordingTrainer(policy.model, again, args).train(resume_from_checkpoint=True)
 
 
 def test_trace_trainer_refuses_a_config_that_would_not_train_the_tree_advantages(world, tmp_path):

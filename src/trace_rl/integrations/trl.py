@@ -34,6 +34,11 @@ The gradient against trace-rl's `Trainer` (with the GRPOConfig `grpo_config` mak
   the same weights. TRL's `completions/*_length` count trained tokens only (its length is the
   env_mask sum), and its completions table (`log_completions`) shows its own flat advantages.
 
+Checkpoints: TRL's hold the model, optimiser and RNGs; `TraceState` (a callback `TraceGRPOTrainer` adds)
+writes the predictor and the collector's state (sampling RNG, Stage-2 evidence, token costs) beside them
+as `checkpoint-N/trace_rl_state.pt`, and `train(resume_from_checkpoint=...)` from `output_dir` restores
+them, so a resumed run's allocation continues where it stopped.
+
 Generation runs on trace-rl's engine, an `HFEngine` over the trainer's live model: before a batch,
 whenever the trainer's step has moved, the engine receives the trainer's weights (`update_weights`,
 which also empties its prefix cache), and the model samples in eval mode. After each batch the
@@ -45,10 +50,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from datasets import Dataset
+from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from trace_rl.advantage import NodeAdvantages, advantage_metrics, get_estimator
@@ -59,6 +66,7 @@ from trace_rl.metrics import predictor_metrics, rollout_metrics
 from trace_rl.predictor.base import backup_targets
 from trace_rl.rollout import RolloutBatch, TreeRolloutCollector
 from trace_rl.run import Parts, RunConfig
+from trace_rl.rundir import atomic_write, checkpoint_data
 from trace_rl.tree import RolloutTree
 
 CHECKPOINTING = "activation_checkpointing" if "activation_checkpointing" in GRPOConfig.__dataclass_fields__ else "gradient_checkpointing"
@@ -204,6 +212,36 @@ def grpo_config(config: RunConfig, *, output_dir: str, **extra: Any) -> GRPOConf
     return GRPOConfig(**{**settings, **extra})
 
 
+STATE_FILE = "trace_rl_state.pt"
+"""The file in each TRL checkpoint folder holding the rollout's predictor and collector state."""
+
+
+class TraceState(TrainerCallback):
+    """Saves the rollout's predictor and collector state with every TRL checkpoint, and restores it when
+    training resumes from one in `output_dir` (`checkpoint-<global_step>`); data only (`checkpoint_data`)."""
+
+    def __init__(self, rollout: TraceRollout) -> None:
+        self.rollout = rollout
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        folder.mkdir(parents=True, exist_ok=True)
+        data = checkpoint_data({"step": state.global_step, "predictor": self.rollout.collector.predictor.state_dict(),
+                                "collector": self.rollout.collector.state_dict()})
+        atomic_write(folder / STATE_FILE, lambda tmp: torch.save(data, tmp))
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == 0:
+            return
+        path = Path(args.output_dir) / f"checkpoint-{state.global_step}" / STATE_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"resuming at step {state.global_step}, but {path} is missing: the predictor and the "
+                                    "sampling RNG of those steps are not there (resume from a checkpoint TraceGRPOTrainer wrote in output_dir)")
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        self.rollout.collector.predictor.load_state_dict(saved["predictor"])
+        self.rollout.collector.load_state_dict(saved["collector"])
+
+
 class TraceGRPOTrainer(GRPOTrainer):
     """GRPOTrainer on TRACE trees: `rollout` grows them, `leaf_reward` scores the rows, and the tree
     advantages replace TRL's group advantages in `_generate_and_score_completions` (the override TRL's
@@ -225,7 +263,7 @@ class TraceGRPOTrainer(GRPOTrainer):
             args=args,
             train_dataset=rollout.dataset() if train_dataset is None else train_dataset,
             processing_class=rollout.collector.tokenizer,
-            callbacks=callbacks,
+            callbacks=[*(callbacks or []), TraceState(rollout)],
             rollout_func=rollout,
         )
 
