@@ -349,6 +349,46 @@ def test_put_rows_keeps_a_hand_worked_trees_rewards_and_advantages(tmp_path):
     np.testing.assert_allclose(data["advantages"][1].numpy(), [0, 0, 0, -adv, -adv], atol=1e-6)
 
 
+class FlakyServer(EngineServer):
+    """A replica whose first call is answered as verl answers while its weights are swapped (`aborted`)."""
+
+    def __init__(self, make_engine) -> None:
+        super().__init__(make_engine)
+        self.calls = 0
+
+    def generate(self, prompt_ids, sampling_params, request_id, image_data=None, video_data=None, **kwargs):
+        self.calls += 1
+        if self.calls == 1:
+            return TokenOutput(token_ids=[1], log_probs=[-0.1], stop_reason="aborted", extra_fields={})
+        return super().generate(prompt_ids, sampling_params, request_id, image_data, video_data, **kwargs)
+
+
+def test_a_batch_that_fails_marks_its_groups_failed_and_verls_refill_carries_the_step_on(world, run_yaml, tmp_path):
+    """One exception in the manager stopped the run and no group was ever marked failed (issue 44)."""
+    _, _, tokenizer, _ = world
+    server = ray.remote(FlakyServer).remote(scripted_coin_flips)
+    manager = TraceAgentLoopManager.create(config=verl_config(run_yaml), llm_client=verl_client(server), tokenizer=tokenizer)
+    paths = write_parquet(manager.run, tmp_path / "data")
+    failed = submit(tokenizer, paths["train"], 4, partition="train", step=1)
+    manager.generate_sequences(failed)  # the aborted call fails the batch, not the process
+    assert manager.failed_batches == 1
+    tags = tq.kv_list("train")["train"]
+    assert [tags[uid]["status"] for uid in failed["uid"]] == ["failure"] * 4
+
+    refilled = []
+
+    def refill(count: int) -> None:  # what verl's trainer does: submit fresh prompts to the manager
+        batch = submit(tokenizer, paths["train"], count, partition="train", step=1)
+        refilled.extend(batch["uid"])
+        manager.generate_sequences(batch)
+
+    buffer = ReplayBuffer(trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop",
+                          sampler_kwargs={}, poll_interval=0.05, refill_fn=refill, sync_refill_failed_groups=True, gen_batch_size=1)
+    meta, metrics = buffer.sample(global_steps=1, partition_id="train", batch_size=4)
+    assert len(refilled) == 4 and {key.rsplit("_", 2)[0] for key in meta.keys} == set(refilled)
+    assert metrics["training/rollout_failure/evicted_samples"] == 4 and manager.failed_batches == 1
+
+
 def test_verls_group_filter_drops_a_tree_whose_leaves_all_scored_alike_and_keeps_a_mixed_one():
     """verl's DAPO group filter reads `reward_extra_info` (issue 44: none was written, so it failed)."""
     mixed = RolloutTree.new("m", "q", [1, 2])

@@ -154,6 +154,8 @@ class TraceAgentLoopManager:
         self.save_freq = int((trainer.get("save_freq", -1) if trainer is not None else -1) or -1)
         """verl's checkpoint cadence: the manager's states at these steps are kept for a resume."""
         self._checked_resume = False
+        self.failed_batches = 0
+        """Batches whose collection raised, their groups marked failed (`mark_failed`)."""
 
     @classmethod
     def create(cls, *args: Any, **kwargs: Any) -> TraceAgentLoopManager:
@@ -167,19 +169,27 @@ class TraceAgentLoopManager:
         uids = [str(u) for u in _column(batch, "uid")]
         tasks = [self._task(info, uid) for info, uid in zip(_column(batch, "extra_info"), uids)]
         begin = time.perf_counter()
-        if validate:
-            trees = self._validation_trees(batch, tasks)
-            advantages = self.estimator(trees)
-        else:
-            if not self._checked_resume:
-                self.restore(step)
-                self._checked_resume = True
-            collected = self.collector.collect(tasks)
-            trees = collected.trees
-            advantages = self.estimator(trees)
+        partition = "val" if validate else "train"
+        if not validate and not self._checked_resume:
+            self.restore(step)
+            self._checked_resume = True
+        try:
+            if validate:
+                trees = self._validation_trees(batch, tasks)
+                advantages = self.estimator(trees)
+            else:
+                collected = self.collector.collect(tasks)
+                trees = collected.trees
+                advantages = self.estimator(trees)
+        except Exception as exc:  # a replica aborted or died, a tool server failed hard: verl decides what follows
+            logger.exception("trace-rl: the batch of step %d failed (%s); its %d groups are marked failed", step, exc, len(uids))
+            mark_failed(uids, partition)
+            self.failed_batches += 1
+            return
+        if not validate:
             self._learn(trees, advantages, collected.metrics(), step, time.perf_counter() - begin)
             self._save_state(step)
-        put_rows(trees, advantages, uids, _prompt_fields(batch), partition="val" if validate else "train", global_steps=step)
+        put_rows(trees, advantages, uids, _prompt_fields(batch), partition=partition, global_steps=step)
 
     def restore(self, step: int) -> int | None:
         """Before the first training batch, `step`: restore the manager's state of step - 1 from
@@ -276,6 +286,17 @@ def put_rows(
     for uid in uids:
         tq.kv_put(key=uid, partition_id=partition, tag={"status": "finished"})
     return keys
+
+
+def mark_failed(uids: Sequence[str], partition: str) -> None:
+    """Tag each prompt group `failure`, as verl's own agent-loop worker does when a session raises: verl's
+    replay buffer then refills them (`trainer.v1.sampler.sync_refill_failed_groups`) or stops with its
+    own message saying to enable that. The groups of one batch fail together: TRACE plans the batch as
+    a whole, so one tree's failure is the batch's."""
+    import transfer_queue as tq
+
+    for uid in uids:
+        tq.kv_put(key=uid, partition_id=partition, tag={"status": "failure"})
 
 
 def _row(rows: dict[str, list[Any]], r: int, tree: RolloutTree, leaf: int) -> dict[str, Any]:
