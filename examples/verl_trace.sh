@@ -10,7 +10,8 @@
 # It writes verl's parquet from the trace-rl config (`trace-rl verl-data`: every row carries its task),
 # then starts verl with TRACE's agent-loop manager and trainer mode `trace`
 # (configs/gpu/verl_qwen3_8b.overrides). TRACE's per-step figures (tree/*, predictor/*) and trees go
-# to $OUT (metrics.jsonl, trees/), which `trace-rl report $OUT` reads; verl logs its own figures.
+# to $OUT (metrics.jsonl, trees/, and the manager's state for a resume), which `trace-rl report $OUT` reads;
+# verl's own logger gets them too, under trace/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CONFIG=${CONFIG:-configs/gpu/qwen3_8b_search.yaml}
