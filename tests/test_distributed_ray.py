@@ -199,3 +199,19 @@ def test_the_rollout_command_writes_the_same_trees_on_ray_workers(tmp_path):
             assert y.logprobs == pytest.approx(x.logprobs, abs=1e-5)
     for key in ("rollout/tokens_generated", "rollout/tokens_observation", "tree/effective_ratio"):
         assert outputs["ray"][key] == outputs["local"][key]
+
+
+def test_the_runtime_env_ships_the_trace_rl_package_to_the_actors(tmp_path):
+    """No runtime_env meant every node needed the code at the same path (issue 44): the actors of a Ray
+    that RayExecutor starts import trace_rl from the copy Ray shipped, not from a path on their node."""
+    script = (
+        "import ray\n"
+        "from trace_rl.distributed.ray_rollout import runtime_env\n"
+        "ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, runtime_env=runtime_env())\n"
+        "where = ray.remote(lambda: __import__('trace_rl').__file__)\n"
+        "print(ray.get(where.remote()))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shipped = done.stdout.strip().splitlines()[-1]
+    assert "runtime_resources/py_modules_files" in shipped and shipped.endswith("trace_rl/__init__.py")

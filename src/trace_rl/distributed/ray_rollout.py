@@ -28,7 +28,10 @@ the main process, exact over the whole batch; each `run` (one stage's requests) 
   `timing_s/weight_push`).
 
 Ray starts on first use unless it is already running (`ray.init` honours `RAY_ADDRESS`, so a
-cluster is joined the same way); it is never started twice. A Ray this starts does not forward the
+cluster is joined the same way); it is never started twice. The Ray it starts ships this trace_rl
+package to the actors (`runtime_env` `py_modules`), so a node without the code, or with another
+version of it, runs the main process's; the policy folder and task files are read by path, so other
+nodes need them at the same paths (shared storage). A Ray the caller started keeps its own runtime_env. A Ray this starts does not forward the
 actors' output (`log_to_driver=False`: a command's stdout ends with its JSON line); an actor's error
 reaches the caller through `ray.get`. Actors are spread over the nodes (`SPREAD`) and end when the
 executor is garbage-collected.
@@ -39,6 +42,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -91,7 +95,7 @@ class RayExecutor:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         if not ray.is_initialized():
-            ray.init(include_dashboard=False, log_to_driver=False)
+            ray.init(include_dashboard=False, log_to_driver=False, runtime_env=runtime_env())
         actor = ray.remote(RolloutWorker).options(num_gpus=num_gpus, scheduling_strategy="SPREAD")
         self.workers = [actor.remote(build) for _ in range(workers)]
         self.engine = engine
@@ -127,6 +131,11 @@ class RayExecutor:
         ray.get([worker.load_weights.remote(state, self.engine.weight_version) for worker in self.workers])
         self._pushed = self.engine.weight_version
         return True
+
+
+def runtime_env() -> dict[str, Any]:
+    """The Ray runtime_env of the actors this module starts: this trace_rl package as a `py_module`."""
+    return {"py_modules": [str(Path(__file__).resolve().parents[1])]}
 
 
 def trainable_state(model: Any) -> dict[str, Any]:
