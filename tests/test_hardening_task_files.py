@@ -452,3 +452,12 @@ def test_cli_says_a_missing_pyarrow_in_one_line(tmp_path, capsys):
     path.write_bytes(b"PAR1")
     code, out, err = run_cli(capsys, f"file:{path}")
     assert code == 2 and err.count("\n") == 1 and "pip install pyarrow" in err
+
+
+def test_cli_takes_loader_options_so_a_file_tasks_held_out_split_can_be_shown(tmp_path, capsys):
+    path = json_file(tmp_path / "dev.json", [hotpot(f"h{i}", f"Who is person {i}?", f"P{i}", f"P{i}") for i in range(8)])
+    code, out, err = run_cli(capsys, f"file:{path}", "--split", "test", "--option", "test_share=0.25")
+    assert code == 0, err
+    assert json.loads(out.splitlines()[-1])["tasksets"][f"file:{path}"]["tasks"] == 2
+    code, out, err = run_cli(capsys, f"file:{path}", "--option", "test_share")
+    assert (code, err.count("\n")) == (2, 1) and "--option 'test_share' must look like KEY=VALUE" in err

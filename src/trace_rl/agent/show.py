@@ -36,11 +36,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--show", type=int, default=1, help="prompts and oracle rollouts to print per taskset")
     parser.add_argument("--random-seeds", type=int, default=2, help="random-agent episodes per task")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", dest="options",
+                        help="a loader option for every named taskset, as task.options in a run config "
+                             "(repeatable; the value is YAML), e.g. --option test_share=0.1")
     parser.add_argument("--sandbox-isolation", default="auto", choices=["auto", "bwrap", "rlimits"],
                         help="how the python tool isolates model code (task.sandbox.isolation in a run config)")
     parser.add_argument("--sandbox-python", type=_absolute_path, default=None, metavar="PATH",
                         help="interpreter for model code (task.sandbox.python); as root without bubblewrap, "
                              "one every user can run, e.g. /usr/bin/python3")
+
+
+def task_options(items: Sequence[str]) -> dict[str, Any]:
+    """`--option KEY=VALUE` items as a dict, each value read as YAML (`load_yaml`'s rules), as a run
+    config's `task.options`; ConfigError for an item without `=`."""
+    from trace_rl.config import ConfigError, load_yaml
+
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--option {item!r} must look like KEY=VALUE")
+        options[key.strip()] = load_yaml(raw, f"--option {key.strip()}") if raw.strip() else ""
+    return options
 
 
 def _absolute_path(text: str) -> str:
@@ -124,8 +141,9 @@ def tasks_report(argv: argparse.Namespace | Sequence[str] | None = None) -> tupl
     )
     for column in ("taskset", "tasks", "passages", "tools", "oracle", "turns", "random"):
         table.add_column(column)
+    options = task_options(args.options)
     for name in names:
-        full = load_taskset(name, split=args.split, seed=args.seed)
+        full = load_taskset(name, split=args.split, seed=args.seed, **options)
         sample = dataclasses.replace(full, tasks=full.tasks[: args.num_tasks])
         figures, episodes = evaluate_taskset(
             sample, turn_format=args.format, max_turns=args.max_turns, random_seeds=args.random_seeds, seed=args.seed,
