@@ -30,6 +30,7 @@ from trace_rl.config import (
     ModelConfig,
     TaskConfig,
     check_range,
+    did_you_mean,
     from_dict,
     load_config,
     load_yaml,
@@ -142,9 +143,7 @@ def check_task_options(task: TaskConfig) -> None:
         return
     known = option_names(task.name)
     if unknown := sorted(str(key) for key in set(task.options) - set(known)):
-        close = difflib.get_close_matches(unknown[0], known, n=1) if len(unknown[0]) <= 200 else []
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise FieldError("task.options", task.options, f"options of {task.name}: {', '.join(known) or 'none'}", hint)
+        raise FieldError("task.options", task.options, f"options of {task.name}: {', '.join(known) or 'none'}", did_you_mean(unknown[0], known))
     check_registered_options(task.name, task.options)
 
 
@@ -156,7 +155,6 @@ def check_registered_options(name: str, options: dict[str, Any]) -> None:
     from trace_rl.agent.scoring import SCORERS
     from trace_rl.agent.tasks.loaders import FORMATS
     from trace_rl.agent.tools import TOOL_NAMES
-    from trace_rl.config import did_you_mean
 
     nullable = name.startswith("file:")  # load_file's scorer / tools / format default to None; reasoning-gym's tools do not
     for key, registry in (("scorer", sorted(SCORERS)), ("format", list(FORMATS))):
@@ -570,7 +568,7 @@ def _check_resume(folder: RunDir, saved: RunConfig, saved_text: str | None, conf
             + (f" (config.yaml was edited since: the checkpoint holds the config of steps 1-{step})" if saved_text is not None else "")
         )
     if changes:
-        archive = folder.archive_config_text(step, saved_text) if saved_text is not None else folder.archive_config(step)
+        archive = folder.archive_config(step, saved_text)
         said = ", ".join(f"{k}={show_value(new)} (was {show_value(old)})" for k, (old, new) in changes.items())
         warnings.warn(f"{folder.path}: resuming at step {step} with {said}; the config of steps 1-{step} is kept as {archive.name}", RunDirWarning, stacklevel=3)
 

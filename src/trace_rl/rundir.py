@@ -65,8 +65,8 @@ _CHECKPOINT = re.compile(r"step_(\d+)\.pt")
 _TEMPORARY = re.compile(r"\..+\.tmp(\d+)")
 """`atomic_write`'s temporary file, `.NAME.tmpPID`: left behind only by a process killed mid-write."""
 
-_HELD: dict[Path, int] = {}
-"""Run folders whose lock this process holds, with how many `RunDir.lock` blocks hold it."""
+_HELD: set[Path] = set()
+"""Run folders whose lock this process holds (an inner `RunDir.lock` block of the same folder passes)."""
 
 RUN_FILES = re.compile(r"config\.yaml|config\.step_\d+\.yaml|code\.json|metrics\.jsonl|trees|checkpoints|\.lock|report\.html|[\w.-]+\.png|tensorboard|wandb")
 """Names a run folder may hold (what trace-rl writes into one); anything else in `--out` is the user's."""
@@ -147,8 +147,7 @@ class RunDir:
         a run resumed at `step` makes them again; -1 drops them all, step 0's evaluation included.
         `record` is the checkpoint's record of `step` itself: written back if the file lost it (a kill
         between the checkpoint and the line, or a line cut short)."""
-        self.truncate_metrics(step)
-        records = self.metrics()
+        records = self.truncate_metrics(step)
         if record is not None and record.get("step") == step and not (records and records[-1]["step"] == step):
             self.append_metrics(record)
         for later, path in self.tree_files().items():
@@ -174,11 +173,7 @@ class RunDir:
 
         key = self.path.resolve()
         if key in _HELD:
-            _HELD[key] += 1
-            try:
-                yield
-            finally:
-                _HELD[key] -= 1
+            yield
             return
         try:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -200,11 +195,11 @@ class RunDir:
             handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
             handle.flush()
             self.remove_temporary_files()
-            _HELD[key] = 1
+            _HELD.add(key)
             try:
                 yield
             finally:
-                del _HELD[key]
+                _HELD.discard(key)
         finally:
             handle.close()  # closing the descriptor releases the lock
 
@@ -231,21 +226,15 @@ class RunDir:
         atomic_write(self.config_path, lambda tmp: dump_yaml(config, tmp))
         self.config_text = self.config_path.read_text(encoding="utf-8")
 
-    def archive_config(self, step: int) -> Path:
-        """Keep `config.yaml` as `config.step_XXXX.yaml`, the config of the steps up to `step`, before a
-        resume there replaces it. An archive already at `step` is kept: it holds the config those steps
-        were trained with (a later attempt that made no checkpoint trained none of them)."""
+    def archive_config(self, step: int, text: str | None = None) -> Path:
+        """Keep the config of the steps up to `step` as `config.step_XXXX.yaml`, before a resume there
+        replaces `config.yaml`: `text` (a checkpoint's YAML), else `config.yaml` as it is. An archive
+        already at `step` is kept: it holds the config those steps were trained with (a later attempt
+        that made no checkpoint trained none of them)."""
         archive = self.path / f"config.step_{step:04d}.yaml"
         if not archive.exists():
-            text = self.config_path.read_bytes()
-            atomic_write(archive, lambda tmp: Path(tmp).write_bytes(text))
-        return archive
-
-    def archive_config_text(self, step: int, text: str) -> Path:
-        """`archive_config` with the config's YAML given (a checkpoint's), not read from `config.yaml`."""
-        archive = self.path / f"config.step_{step:04d}.yaml"
-        if not archive.exists():
-            atomic_write(archive, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+            data = self.config_path.read_bytes() if text is None else text.encode("utf-8")
+            atomic_write(archive, lambda tmp: Path(tmp).write_bytes(data))
         return archive
 
     # ------------------------------------------------------------ metrics
@@ -288,12 +277,14 @@ class RunDir:
         records = self.metrics()
         return int(records[-1]["step"]) if records else 0
 
-    def truncate_metrics(self, step: int) -> None:
+    def truncate_metrics(self, step: int) -> list[dict[str, Any]]:
         """Keep the records of steps up to `step` (resuming from a checkpoint there drops the rest,
-        and a line the kill cut short)."""
-        if self.metrics_path.is_file():
-            kept = [m for m in self.metrics() if m["step"] <= step]
-            atomic_write(self.metrics_path, lambda tmp: Path(tmp).write_text("".join(json.dumps(m) + "\n" for m in kept)))
+        and a line the kill cut short); returns them."""
+        if not self.metrics_path.is_file():
+            return []
+        kept = [m for m in self.metrics() if m["step"] <= step]
+        atomic_write(self.metrics_path, lambda tmp: Path(tmp).write_text("".join(json.dumps(m) + "\n" for m in kept)))
+        return kept
 
     # ------------------------------------------------------------ trees
 
@@ -332,8 +323,9 @@ class RunDir:
     def has_checkpoint(self) -> bool:
         return (self.checkpoints_dir / "latest").exists() or bool(self.checkpoint_files())
 
-    def save_checkpoint(self, state: dict[str, Any], step: int, *, keep: int = 2) -> Path:
-        """Write `checkpoints/step_XXXX.pt` atomically, point `latest` at it, keep the last `keep`.
+    def save_checkpoint(self, state: dict[str, Any], step: int, *, keep: int | None = 2) -> Path:
+        """Write `checkpoints/step_XXXX.pt` atomically, point `latest` at it, keep the last `keep` (None:
+        every one, for a caller with its own policy).
 
         `state` must be data (`checkpoint_data`): numpy arrays are stored as tensors and come back as
         tensors (`np.asarray` reads them); anything a weights-only load would refuse raises TypeError
@@ -353,8 +345,9 @@ class RunDir:
         path = self.checkpoint_path(step)
         atomic_write(path, lambda tmp: torch.save(data, tmp))
         atomic_write(self.checkpoints_dir / "latest", lambda tmp: Path(tmp).write_text(path.name))
-        for old in list(self.checkpoint_files().values())[:-keep]:
-            old.unlink()
+        if keep is not None:
+            for old in list(self.checkpoint_files().values())[:-keep]:
+                old.unlink()
         return path
 
     def latest_checkpoint(self) -> Path:
@@ -565,7 +558,7 @@ def _discard(path: Path) -> None:
 
 
 def _space_left(path: Path) -> str:
-    """'; N MiB free on its disk' when that is little (the likely reason a write failed), else ''."""
+    """' (N MiB free on its disk)' when that is under 1 GiB (the likely reason a write failed), else ''."""
     try:
         stats = os.statvfs(path.parent)
     except OSError:

@@ -219,7 +219,7 @@ class TraceAgentLoopManager:
         if self.out is None:
             return
         self.out.save_checkpoint({"step": step, "predictor": self.predictor.state_dict(), "collector": self.collector.state_dict()},
-                                 step, keep=len(self.out.checkpoint_files()) + 1)
+                                 step, keep=None)
         for old, path in self.out.checkpoint_files().items():
             if old != step and not (self.save_freq > 0 and old % self.save_freq == 0):
                 path.unlink()
