@@ -267,3 +267,15 @@ def test_the_95_percent_interval_uses_student_t_beyond_ten_degrees_of_freedom() 
     assert all(a > b for a, b in zip(widths, widths[1:])) and widths[-1] > 1.96  # never narrower than the normal's
     with pytest.raises(ValueError):
         t975(0)
+
+
+def test_warm_start_per_seed_gives_each_seed_its_own_starting_policy():
+    from trace_rl.compare import CompareConfig
+
+    shared = CompareConfig(methods=["grpo", "trace"], seeds=[3, 5])
+    assert {shared.run_config(m, s).sft.seed for m in shared.methods for s in shared.seeds} == {0}
+    assert [c.sft.seed for c in shared.start_configs()] == [0]
+    own = CompareConfig(methods=["grpo", "trace"], seeds=[3, 5], warm_start_per_seed=True)
+    assert [own.run_config("trace", s).sft.seed for s in own.seeds] == [3, 5]
+    assert [(c.seed, c.sft.seed) for c in own.start_configs()] == [(3, 3), (5, 5)]
+    assert own.start_config(5).rollout.method == own.run.rollout.method

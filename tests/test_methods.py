@@ -11,7 +11,7 @@ import pytest
 from trace_rl.methods import METHODS, MethodName, get_method
 
 REPO = Path(__file__).resolve().parents[1]
-NAMES = ("grpo", "prompt_only", "knapsack", "pcl", "random_tree", "dapo", "trace_stage1", "trace_stage2", "trace")
+NAMES = ("grpo", "prompt_only", "knapsack", "pcl", "random_tree", "dapo", "brace", "trace_stage1", "trace_stage2", "trace")
 
 
 def test_the_registry_holds_every_method_and_the_config_type_lists_exactly_them():

@@ -280,9 +280,9 @@ def run_batch(
     value = _value_fn(method.uses_values, values, sim, predictor, cfg.noise, rng)
     trees = [sim.new_tree(p) for p in prompts]
     roots = [(index, 0) for index in range(len(trees))]
-    known = predictor.known([t.history(0) for t in trees]) if value and isinstance(predictor, KnowsPrompts) else None
+    known = predictor.evidence([t.history(0) for t in trees]) if value and isinstance(predictor, KnowsPrompts) else None
     fresh = None if costs is None else costs.fresh([t.task_id for t in trees])
-    _grow(trees, plan_roots(method, settings, trees, value(trees, roots) if value else None, known, costs=fresh), sim, rng)
+    _grow(trees, plan_roots(method, settings, trees, value(trees, roots) if value else None, known, costs=fresh, rng=rng), sim, rng)
     if method.stage2 is None:
         return trees
     candidates = prefix_candidates(trees)

@@ -204,8 +204,9 @@ def _compare(args: argparse.Namespace) -> int:
     again = f"run the same command again to continue: trace-rl compare --config {args.config} --out {args.out}"
     try:
         if config.workers > 1:
-            with _signals(), progress_bar() as bar:  # the shared warm start, made once before the runs fan out
-                policy_source(config.run, progress=warm_start_progress(bar, config.run.sft.steps))
+            with _signals(), progress_bar() as bar:  # the warm starts, each made once before the runs fan out
+                for start in config.start_configs():
+                    policy_source(start, progress=warm_start_progress(bar, start.sft.steps))
             starts = f" after {len(config.seeds)} evaluations of the starting policy" if config.evaluate_start else ""
             print(f"training {len(config.methods) * len(config.seeds)} runs{starts}, {config.workers} at a time (finished ones are skipped); "
                   f"each run's progress is in its metrics.jsonl", file=sys.stderr)

@@ -51,6 +51,9 @@ class CompareConfig:
     workers: int = 1
     """Runs trained at once, each in its own process. Each run uses `run.model.cpu_threads` threads,
     so on an idle machine `workers × cpu_threads` up to the core count is close to linear."""
+    warm_start_per_seed: bool = False
+    """Give each seed its own warm start (`run.sft.seed` = the seed), so the seeds' spread includes the
+    starting policy's; false: every seed starts from the one warm start of `run.sft.seed`."""
     evaluate_start: bool = True
     """Evaluate the starting policy once per seed (`DIR/react/seed_<k>/`, step 0, no rollouts spent),
     with the same tasks and samples as the runs' evaluations."""
@@ -97,6 +100,21 @@ class CompareConfig:
             run.rollout.method = name  # type: ignore[assignment]
         if seed is not None:
             run.seed = seed
+            if self.warm_start_per_seed:
+                run.sft.seed = seed
+        return run
+
+    def start_configs(self) -> list[RunConfig]:
+        """One run config per distinct warm start the rows begin from (one, or one per seed)."""
+        seeds = self.seeds if self.warm_start_per_seed else self.seeds[:1]
+        return [self.start_config(seed) for seed in seeds]
+
+    def start_config(self, seed: int) -> RunConfig:
+        """The shared run config at `seed`: what `DIR/react/seed_<k>/` evaluates."""
+        run = copy.deepcopy(self.run)
+        run.seed = seed
+        if self.warm_start_per_seed:
+            run.sft.seed = seed
         return run
 
 
@@ -135,8 +153,7 @@ def run_compare(
     pending: list[tuple[Job, RunConfig, Path]] = []
     if config.evaluate_start:
         for seed in config.seeds:
-            run = copy.deepcopy(config.run)
-            run.seed = seed
+            run = config.start_config(seed)
             if not RunDir(out / START / f"seed_{seed}").metrics():
                 pending.append((evaluate_one, run, out / START / f"seed_{seed}"))
     for seed in config.seeds:  # seed by seed, so a comparison cut short compares the methods on the same seeds

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
 from trace_rl.allocate import allocate_roots, expand_for_prompts, expand_prefixes, knapsack_roots, pcl_roots, random_prefixes, uniform_roots
-from trace_rl.predictor import PredictorKind
+from trace_rl.mixing import BraceConfig, brace_groups, group_mixing
+from trace_rl.predictor import PredictorKind, PromptEvidence
 from trace_rl.token_budget import allocate_roots_by_cost, expand_prefixes_by_cost
 
 
@@ -47,12 +48,15 @@ class AllocationSettings:
     budget_unit: Literal["leaves", "tokens"] = "leaves"
     """`tokens`: each stage spends expected generated tokens (`trace_rl.token_budget`); the allocators
     then get every candidate's expected cost."""
+    brace: BraceConfig = field(default_factory=BraceConfig)
+    """The `brace` method's group size, ε and τ."""
 
 
 Stage1Allocator = Callable[..., np.ndarray]
-"""(root values v, Stage-1 budget, settings, known, *, costs=None) -> rollouts per prompt (int64, summing
-to the budget). `known` marks the prompts whose value the predictor vouches for (None: all; see
-`KnowsPrompts`); `costs` (token budgets only) are each prompt's expected tokens per fresh rollout."""
+"""(root values v, Stage-1 budget, settings, evidence, rng, *, costs=None) -> rollouts per prompt (int64,
+summing to the budget). `evidence` is what the predictor knows beyond v (`PromptEvidence`: Knapsack-RL's
+`known`, BRACE's counts; None when it has nothing more); `rng` serves the allocators that draw (BRACE);
+`costs` (token budgets only) are each prompt's expected tokens per fresh rollout."""
 Stage2Allocator = Callable[..., np.ndarray]
 """(prefix values ṽ, observed outcomes r, Stage-2 budget, settings, rng, *, prompts, mixed, costs=None) ->
 continuations per prefix; `prompts` names each prefix's prompt and `mixed` says whether that prompt's
@@ -71,28 +75,63 @@ def _no_costs(name: str, costs: np.ndarray | None) -> None:
         raise ValueError(f"the {name} allocator spends leaves, not tokens (rollout.budget_unit: tokens takes {able})")
 
 
-def uniform_stage1(v: np.ndarray, budget: int, s: AllocationSettings, known: np.ndarray | None = None, *, costs: np.ndarray | None = None) -> np.ndarray:
+def uniform_stage1(
+    v: np.ndarray, budget: int, s: AllocationSettings, evidence: PromptEvidence | None = None, rng: np.random.Generator | None = None,
+    *, costs: np.ndarray | None = None,
+) -> np.ndarray:
     if costs is not None:  # the leaves the tokens buy at the mean cost, split evenly
         leaves = affordable(budget, costs)
         return uniform_roots(len(v), leaves if leaves >= s.min_per_prompt else 0, min_per_prompt=s.min_per_prompt)
     return uniform_roots(len(v), budget, min_per_prompt=s.min_per_prompt)
 
 
-def exact_stage1(v: np.ndarray, budget: int, s: AllocationSettings, known: np.ndarray | None = None, *, costs: np.ndarray | None = None) -> np.ndarray:
+def exact_stage1(
+    v: np.ndarray, budget: int, s: AllocationSettings, evidence: PromptEvidence | None = None, rng: np.random.Generator | None = None,
+    *, costs: np.ndarray | None = None,
+) -> np.ndarray:
     if costs is not None:
         return allocate_roots_by_cost(v, costs, budget, min_per_prompt=s.min_per_prompt, max_per_prompt=s.max_per_prompt)
     return allocate_roots(v, budget, min_per_prompt=s.min_per_prompt, max_per_prompt=s.max_per_prompt)
 
 
-def knapsack_stage1(v: np.ndarray, budget: int, s: AllocationSettings, known: np.ndarray | None = None, *, costs: np.ndarray | None = None) -> np.ndarray:
+def knapsack_stage1(
+    v: np.ndarray, budget: int, s: AllocationSettings, evidence: PromptEvidence | None = None, rng: np.random.Generator | None = None,
+    *, costs: np.ndarray | None = None,
+) -> np.ndarray:
     _no_costs("knapsack", costs)
-    return knapsack_roots(v, budget, min_per_prompt=s.min_per_prompt, max_per_prompt=s.max_per_prompt, known=known)
+    return knapsack_roots(v, budget, min_per_prompt=s.min_per_prompt, max_per_prompt=s.max_per_prompt, known=None if evidence is None else evidence.known)
 
 
-def pcl_stage1(v: np.ndarray, budget: int, s: AllocationSettings, known: np.ndarray | None = None, *, costs: np.ndarray | None = None) -> np.ndarray:
+def pcl_stage1(
+    v: np.ndarray, budget: int, s: AllocationSettings, evidence: PromptEvidence | None = None, rng: np.random.Generator | None = None,
+    *, costs: np.ndarray | None = None,
+) -> np.ndarray:
     _no_costs("pcl", costs)
     keep = max(1, min(len(v), budget // s.min_per_prompt, round(len(v) * s.pcl_keep_share)))
     return pcl_roots(v, budget, keep=keep, min_per_prompt=s.min_per_prompt)
+
+
+def brace_stage1(
+    v: np.ndarray, budget: int, s: AllocationSettings, evidence: PromptEvidence | None = None, rng: np.random.Generator | None = None,
+    *, costs: np.ndarray | None = None,
+) -> np.ndarray:
+    """BRACE: groups of `brace.group_size` for the prompts `trace_rl.mixing.brace_groups` draws by the
+    posterior expected chance that a group mixes; a budget the groups leave over goes one rollout at a
+    time to the chosen prompts (to the candidates, if fewer prompts than groups)."""
+    _no_costs("brace", costs)
+    if evidence is None or evidence.successes is None or evidence.failures is None:
+        raise ValueError("the brace allocator reads each prompt's counts (PromptEvidence from a BraceBank predictor); got none")
+    if rng is None:
+        raise ValueError("the brace allocator draws prompts and needs an rng")
+    k = s.brace.group_size
+    weights = group_mixing(1.0 + evidence.successes, 1.0 + evidence.failures, k, evidence.concentration)
+    chosen = brace_groups(weights, budget // k, eps=s.brace.eps, temperature=s.brace.temperature, rng=rng)
+    per_prompt = chosen * k
+    left = budget - int(per_prompt.sum())
+    takers = np.flatnonzero(chosen) if chosen.any() else np.arange(len(v))
+    if left and takers.size:
+        per_prompt[takers] += np.bincount(np.arange(left) % takers.size, minlength=takers.size)
+    return per_prompt.astype(np.int64)
 
 
 def expand_stage2(
@@ -192,6 +231,10 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("dapo", uniform_stage1, None, "grpo", "shared", "dapo",
                    "uniform rollouts; groups whose rewards agree are dropped and more prompts sampled (every rollout counted)",
                    "DAPO dynamic sampling, Yu et al. 2025 (arXiv 2503.14476)"),
+        MethodSpec("brace", brace_stage1, None, "grpo", "brace_bank", None,
+                   "BRACE: groups of a fixed size for the prompts drawn by the posterior expected chance a "
+                   "correlated group mixes, from decayed per-prompt counts and a warm bank",
+                   "BRACE, Measure First, Then Allocate (github.com/fatebreaker/brace, brace/triage.py)"),
         MethodSpec("trace_stage1", exact_stage1, None, "trace", "shared", None,
                    "TRACE's exact Stage 1 on the shared predictor; no Stage 2", f"ablation of {_TRACE}"),
         MethodSpec("trace_stage2", uniform_stage1, expand_stage2, "trace", "shared", None,
@@ -202,7 +245,7 @@ METHODS: dict[str, MethodSpec] = {
 }
 """Every method, in the order tables and plots show them (the baseline first, TRACE last)."""
 
-MethodName = Literal["grpo", "prompt_only", "knapsack", "pcl", "random_tree", "dapo", "trace_stage1", "trace_stage2", "trace"]
+MethodName = Literal["grpo", "prompt_only", "knapsack", "pcl", "random_tree", "dapo", "brace", "trace_stage1", "trace_stage2", "trace"]
 """The registry's names, for typed config fields (a test keeps it equal to `METHODS`)."""
 
 

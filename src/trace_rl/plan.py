@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from trace_rl.methods import AllocationSettings, MethodSpec, expand_stage2, uniform_stage1
+from trace_rl.predictor.base import PromptEvidence
 from trace_rl.tree import RolloutTree
 
 
@@ -57,16 +58,18 @@ def plan_roots(
     settings: AllocationSettings,
     trees: Sequence[RolloutTree],
     values: np.ndarray | None,
-    known: np.ndarray | None = None,
+    evidence: PromptEvidence | None = None,
     *,
     per_tree: bool = False,
     costs: np.ndarray | None = None,
+    rng: np.random.Generator | None = None,
 ) -> list[Request]:
     """Stage 1: rollouts per prompt. Sets every root's `budget`, and `predicted` when `values` are given
-    (they may be None for a method that does not read them: a uniform split). `known` marks the
-    prompts whose value the predictor vouches for (None: all), for allocators that care (Knapsack-RL).
-    `per_tree`: each tree is planned alone on its own budget (see the module docstring). `costs`:
-    each prompt's expected tokens per fresh rollout, required under a token budget."""
+    (they may be None for a method that does not read them: a uniform split). `evidence`: what the
+    predictor knows beyond the values, for allocators that read it (Knapsack-RL's `known`, BRACE's
+    counts). `per_tree`: each tree is planned alone on its own budget (see the module docstring).
+    `costs`: each prompt's expected tokens per fresh rollout, required under a token budget. `rng`: for
+    allocators that draw (BRACE)."""
     if values is None and method.stage1 is not uniform_stage1:
         raise ValueError(f"method {method.name!r} allocates Stage 1 from values; got none")
     costs = _costs_for(settings, costs, len(trees), "tree")
@@ -78,12 +81,13 @@ def plan_roots(
             for request in plan_roots(
                 method, settings, trees[index : index + 1],
                 None if checked is None else checked[index : index + 1],
-                None if known is None else known[index : index + 1],
+                _one(evidence, index),
                 costs=None if costs is None else costs[index : index + 1],
+                rng=rng,
             )
         ]
     values, record = _checked(values, len(trees), "tree")
-    per_prompt = method.stage1(values, method.stage1_budget(settings), settings, known, costs=costs)
+    per_prompt = method.stage1(values, method.stage1_budget(settings), settings, evidence, rng, costs=costs)
     requests = []
     for index, (tree, v, m) in enumerate(zip(trees, values, per_prompt)):
         tree.root.budget = int(m)
@@ -92,6 +96,14 @@ def plan_roots(
         if m > 0:
             requests.append(Request(index, 0, int(m)))
     return requests
+
+
+def _one(evidence: PromptEvidence | None, index: int) -> PromptEvidence | None:
+    """The evidence of prompt `index` alone."""
+    if evidence is None:
+        return None
+    pick = lambda a: None if a is None else np.asarray(a)[index : index + 1]  # noqa: E731
+    return PromptEvidence(pick(evidence.known), pick(evidence.successes), pick(evidence.failures), evidence.concentration)
 
 
 def prefix_candidates(

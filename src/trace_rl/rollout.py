@@ -42,6 +42,7 @@ from trace_rl.engine.base import Completion, Engine, SamplingParams
 from trace_rl.evidence import Stage2Evidence
 from trace_rl.methods import METHODS, AllocationSettings, MethodName, MethodSpec, expand_stage2, get_method
 from trace_rl.metrics import tree_metrics
+from trace_rl.mixing import BraceConfig
 from trace_rl.plan import Request, plan_prefixes, plan_roots, prefix_candidates
 from trace_rl.predictor.base import KnowsPrompts, SuccessPredictor
 from trace_rl.token_budget import TokenCosts
@@ -67,7 +68,7 @@ class RolloutConfig:
 
     method: MethodName = "trace"
     """The method (`trace_rl.methods.METHODS`): grpo | prompt_only | knapsack | pcl | random_tree | dapo |
-    trace_stage1 | trace_stage2 | trace."""
+    brace | trace_stage1 | trace_stage2 | trace."""
     budget: int = 64
     """Leaves per batch (one rollout = one leaf; a continuation from a prefix counts as one), from
     `min_per_prompt` to `MAX_BUDGET`; with `budget_unit: tokens`, expected generated tokens per batch."""
@@ -108,6 +109,8 @@ class RolloutConfig:
     with the predictor's estimate as prior whose strength is fitted on the run's past continuations
     (`trace_rl.evidence`); false: the paper's value, the predictor's estimate alone. Either way a
     run logs how both score on its continuations (`stage2/brier_predictor`, `stage2/brier_evidence`)."""
+    brace: BraceConfig = field(default_factory=BraceConfig)
+    """The `brace` method's settings (group size, ε, τ, decay, warm bank, certified exclusion)."""
     backend: Literal["local", "ray"] = "local"
     """Where rollouts are executed: `local` in this process, or `ray` on `workers` Ray actors (extra
     `ray`, `trace_rl.distributed`), each with its own engine and env. Planning stays here either way, and
@@ -146,6 +149,8 @@ class RolloutConfig:
         if self.stage2_evidence and self.spec.stage2 is not expand_stage2:
             reads = ", ".join(name for name, spec in METHODS.items() if spec.stage2 is expand_stage2)
             raise FieldError("stage2_evidence", self.stage2_evidence, f"false for method {self.method!r}, whose Stage 2 reads no values ({reads} do)")
+        if self.method == "brace" and self.budget_unit == "leaves" and self.stage1_budget < self.brace.group_size:
+            raise FieldError("budget", self.budget, f">= rollout.brace.group_size={self.brace.group_size} (brace buys whole groups)")
         check_choice(self, "backend", ("local", "ray"))
         check_range(self, "workers", ge=1)
         if self.backend == "local" and self.workers != 1:
@@ -169,6 +174,7 @@ class RolloutConfig:
             pcl_keep_share=self.pcl_keep_share,
             stage2_objective=self.stage2_objective,
             budget_unit=self.budget_unit,
+            brace=self.brace,
         )
 
     @property
@@ -321,8 +327,8 @@ class TreeRolloutCollector:
 
         start = time.perf_counter()
         roots = [History(task.question, (), task.task_id) for task in tasks]
-        known = self.predictor.known(roots) if isinstance(self.predictor, KnowsPrompts) else None
-        requests = plan_roots(self.method, settings, batch.trees, self.predictor.predict(roots), known, per_tree=per_tree, costs=fresh)
+        evidence = self.predictor.evidence(roots) if isinstance(self.predictor, KnowsPrompts) else None
+        requests = plan_roots(self.method, settings, batch.trees, self.predictor.predict(roots), evidence, per_tree=per_tree, costs=fresh, rng=self.rng)
         planned = 0.0 if fresh is None else sum(r.count * fresh[r.tree] for r in requests)
         batch.timings["timing_s/alloc"] += time.perf_counter() - start
         self._run(batch, requests)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import glob
 import re
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -22,7 +23,7 @@ import numpy as np
 from trace_rl.agent.env import ToolEnv
 from trace_rl.agent.scoring import score
 from trace_rl.agent.tasks import TASKSETS, available_tasksets, load_taskset, option_names
-from trace_rl.agent.types import TaskSet
+from trace_rl.agent.types import Task, TaskSet
 from trace_rl.config import (
     MAX_SEED,
     ConfigError,
@@ -37,7 +38,7 @@ from trace_rl.config import (
     show_value,
 )
 from trace_rl.engine.base import Engine
-from trace_rl.predictor import PredictorConfig, SuccessPredictor
+from trace_rl.predictor import BraceBank, PredictorConfig, SuccessPredictor, bank_counts
 from trace_rl.predictor import build_predictor as make_predictor
 from trace_rl.rollout import (
     Executor,
@@ -261,9 +262,37 @@ def build_env(config: RunConfig, taskset: TaskSet) -> ToolEnv:
     )
 
 
-def build_predictor(config: RunConfig) -> SuccessPredictor:
-    """The predictor the run's method allocates from (`MethodSpec.predictor`)."""
-    return make_predictor(config.rollout.spec.predictor, config.predictor, seed=config.seed)
+def build_predictor(config: RunConfig, train: TaskSet | None = None, *, own: Path | None = None) -> SuccessPredictor:
+    """The predictor the run's method allocates from (`MethodSpec.predictor`). BRACE's bank decays once
+    per pass over the `train` pool and starts from `rollout.brace.warm_bank` (never the run's own folder
+    `own`)."""
+    kind = config.rollout.spec.predictor
+    if kind != "brace_bank":
+        return make_predictor(kind, config.predictor, seed=config.seed)
+    brace = config.rollout.brace
+    pool = len(train.tasks) if train is not None else config.prompts_per_step
+    bank = BraceBank(decay=brace.decay, cycle_steps=max(1.0, pool / config.prompts_per_step), concentration=brace.concentration)
+    if brace.warm_bank:
+        patterns = [pattern.replace("{seed}", str(config.seed)) for pattern in brace.warm_bank]
+        folders = [p for pattern in patterns for p in (sorted(glob.glob(pattern)) or [pattern])]
+        folders = [p for p in folders if own is None or Path(p).resolve() != own.resolve()]
+        tasks = None if train is None else {t.task_id for t in train.tasks}
+        bank.add_bank(bank_counts(folders, config.rollout.success_threshold, tasks=tasks),
+                      cap_successes=brace.warm_cap_successes, cap_failures=brace.warm_cap_failures)
+    return bank
+
+
+def certified_useless(tasks: Sequence[Task], scorer: Callable[[Task, str], float], threshold: float) -> dict[str, str]:
+    """Task id -> why, for the tasks whose own scorer certifies that training on them teaches nothing:
+    it pays an empty answer (`pre-solved`) or does not pay the task's first gold answer (`unsatisfiable`).
+    A property of the verifier, decided before any rollout (BRACE's certified exclusion)."""
+    useless = {}
+    for task in tasks:
+        if scorer(task, "") > threshold:
+            useless[task.task_id] = "pre-solved"
+        elif task.answers and scorer(task, task.answers[0]) <= threshold:
+            useless[task.task_id] = "unsatisfiable"
+    return useless
 
 
 def build_trainer(config: RunConfig, parts: Parts, run_dir: str | Path | RunDir) -> Trainer:
@@ -301,8 +330,9 @@ def run_label(path: Path, method: str) -> str:
     return f"{path.name} {method}"
 
 
-def build_parts(config: RunConfig, *, progress: Callable[[int, float], None] | None = None) -> Parts:
-    """Load the task splits, build the env, load (and warm-start) the policy, and wire the collector."""
+def build_parts(config: RunConfig, *, progress: Callable[[int, float], None] | None = None, run_dir: Path | None = None) -> Parts:
+    """Load the task splits, build the env, load (and warm-start) the policy, and wire the collector.
+    `run_dir`: the folder the run writes (a warm bank never reads it)."""
     import torch
 
     from trace_rl.models import load_policy
@@ -312,12 +342,17 @@ def build_parts(config: RunConfig, *, progress: Callable[[int, float], None] | N
     demos, train = task_splits(config)
     test = load_tasks(config.task, "test", config.task.test_tasks)
     env = build_env(config, train)
+    if config.rollout.method == "brace" and config.rollout.brace.exclude_certified:
+        useless = certified_useless(train.tasks, env.scorer, config.rollout.success_threshold)
+        if len(useless) == len(train.tasks):
+            raise ConfigError(f"rollout.brace.exclude_certified: all {len(train.tasks)} train tasks are certified useless by their scorer (pre-solved or unsatisfiable)")
+        train = replace(train, tasks=[t for t in train.tasks if t.task_id not in useless], meta={**train.meta, "brace_excluded": useless})
     model = config.model
     name = policy_source(config, demos, env, progress=progress)
     policy = load_policy(name, seed=config.seed, dtype=model.dtype, device=model.device, lora=lora_spec(model))
     check_context_room(config, policy.tokenizer, env, (train, test))
     engine = build_engine(model, policy)
-    predictor = build_predictor(config)
+    predictor = build_predictor(config, train, own=run_dir)
     executor = build_executor(config, name, engine, policy) if config.rollout.backend == "ray" else None
     collector = TreeRolloutCollector(engine, policy.tokenizer, env, predictor, config.rollout, seed=config.seed, executor=executor)
     return Parts(train=train, test=test, env=env, policy=policy, engine=engine, predictor=predictor, collector=collector)
@@ -522,7 +557,7 @@ def train_run(
         folder.write_config(config)
         from trace_rl.progress import warm_start_progress
 
-        parts = build_parts(config, progress=warm_start_progress(bar, config.sft.steps))
+        parts = build_parts(config, progress=warm_start_progress(bar, config.sft.steps), run_dir=folder.path)
         trainer = build_trainer(config, parts, folder)
         if state is not None:
             trainer.restore(state)

@@ -11,6 +11,7 @@ from typing import Literal
 
 from trace_rl.predictor.base import (
     KnowsPrompts,
+    PromptEvidence,
     SuccessPredictor,
     backup_targets,
     brier_score,
@@ -19,20 +20,24 @@ from trace_rl.predictor.base import (
     natural_backup,
     rollout_starts,
 )
+from trace_rl.predictor.bank import BraceBank, bank_counts
 from trace_rl.predictor.guard import GuardedPredictor
 from trace_rl.predictor.hashed import HashedNgramPredictor, PredictorConfig
 from trace_rl.predictor.history import PromptHistoryPredictor
 
-PredictorKind = Literal["shared", "prompt_history", "knapsack_history"]
+PredictorKind = Literal["shared", "prompt_history", "knapsack_history", "brace_bank"]
 
 PREDICTORS: dict[str, Callable[[PredictorConfig, int], SuccessPredictor]] = {
     "shared": lambda config, seed: _guarded(HashedNgramPredictor(config, seed=seed), config),
     "prompt_history": lambda config, seed: PromptHistoryPredictor(),
     "knapsack_history": lambda config, seed: PromptHistoryPredictor(estimate="last_epoch"),
+    "brace_bank": lambda config, seed: BraceBank(),
 }
 """`shared`: TRACE's text predictor over any history (reads `config`, with `config.guard` wrapped in a
 `GuardedPredictor`); `prompt_history`: each prompt's own past outcomes, Beta posterior;
-`knapsack_history`: each prompt's success rate the last time it was sampled, as Knapsack-RL estimates it."""
+`knapsack_history`: each prompt's success rate the last time it was sampled, as Knapsack-RL estimates it;
+`brace_bank`: BRACE's decayed per-prompt counts and fitted group correlation (a training run sets its
+decay, warm bank and correlation from `rollout.brace`, `trace_rl.run.build_predictor`)."""
 
 
 def _guarded(predictor: SuccessPredictor, config: PredictorConfig) -> SuccessPredictor:
@@ -46,15 +51,18 @@ def build_predictor(kind: PredictorKind, config: PredictorConfig, *, seed: int) 
 
 
 __all__ = [
+    "BraceBank",
     "GuardedPredictor",
     "HashedNgramPredictor",
     "KnowsPrompts",
     "PREDICTORS",
     "PredictorConfig",
     "PredictorKind",
+    "PromptEvidence",
     "PromptHistoryPredictor",
     "SuccessPredictor",
     "backup_targets",
+    "bank_counts",
     "brier_score",
     "build_predictor",
     "calibration_report",

@@ -8,6 +8,7 @@ the policy gradient.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
@@ -38,12 +39,27 @@ class SuccessPredictor(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
 
+@dataclass(frozen=True)
+class PromptEvidence:
+    """What a per-prompt predictor knows beyond its point estimates, for the Stage-1 allocators that read
+    it: Knapsack-RL's validity flags, BRACE's posterior counts and group correlation."""
+
+    known: np.ndarray | None = None
+    """Per prompt, whether the predictor vouches for its estimate (None: all); Knapsack-RL allocates the
+    others uniformly."""
+    successes: np.ndarray | None = None
+    failures: np.ndarray | None = None
+    """Per prompt, the counts behind the posterior Beta(1 + successes, 1 + failures) (BRACE)."""
+    concentration: float = float("inf")
+    """ν of the exchangeable group model (`trace_rl.mixing`); np.inf: a group's rollouts are independent."""
+
+
 @runtime_checkable
 class KnowsPrompts(Protocol):
-    """A predictor that can say which prompts its estimate is valid for (Knapsack-RL allocates the
-    others uniformly); the collector passes `known` to the allocator when the predictor has it."""
+    """A predictor with more to say about prompts than a point estimate; the collector passes its
+    `evidence` to the Stage-1 allocator."""
 
-    def known(self, histories: Sequence[History]) -> np.ndarray: ...
+    def evidence(self, histories: Sequence[History]) -> PromptEvidence: ...
 
 
 def check_training_batch(

@@ -24,7 +24,7 @@ from typing import Literal
 
 import numpy as np
 
-from trace_rl.predictor.base import check_training_batch
+from trace_rl.predictor.base import PromptEvidence, check_training_batch
 from trace_rl.tree import History
 
 Estimate = Literal["beta", "last_epoch"]
@@ -69,6 +69,10 @@ class PromptHistoryPredictor:
         for index, history in enumerate(histories):
             out[index] = self._estimate(history.task_id)
         return out
+
+    def evidence(self, histories: Sequence[History]) -> PromptEvidence:
+        """`known` for Knapsack-RL's allocator."""
+        return PromptEvidence(known=self.known(histories))
 
     def known(self, histories: Sequence[History]) -> np.ndarray:
         """True where the prompt has been sampled at least `min_count` times (and at all): Knapsack-RL's
