@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from trace_rl.mixing import PrefixPosterior, fit_repeat_concentration
 from trace_rl.tree import RolloutTree
 
 PRIOR_STRENGTHS = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, np.inf)
@@ -94,15 +95,26 @@ def posterior(values: np.ndarray, evidence: Evidence, prior_strength: float, pro
     return (kappa * values + evidence.outcome + others) / (kappa + 1.0 + prompt_weight * (evidence.count - 1.0))
 
 
+def posterior_strength(evidence: Evidence, prior_strength: float, prompt_weight: float) -> np.ndarray:
+    """a + b of the posterior `posterior` takes the mean of: κ_t + 1 + w (n − 1) (np.inf at κ = ∞)."""
+    if np.isinf(prior_strength):
+        return np.full(evidence.depth.shape, np.inf)
+    return prior_strength / np.maximum(evidence.depth, 1.0) + 1.0 + prompt_weight * (evidence.count - 1.0)
+
+
 class Stage2Evidence:
     """κ and w fitted on the run's past continuations: each continuation's outcome against the
     posterior of the prefix it started at. Until `min_examples` continuations are seen, κ = ∞ (the
     paper's value). The last `capacity` continuations are kept, so the fit follows the policy."""
 
-    def __init__(self, *, min_examples: int = 200, capacity: int = 4096) -> None:
-        self.min_examples, self.capacity = min_examples, capacity
+    def __init__(self, *, min_examples: int = 200, capacity: int = 4096, min_groups: int = 50) -> None:
+        self.min_examples, self.capacity, self.min_groups = min_examples, capacity, min_groups
         self.prior_strength, self.prompt_weight = float(np.inf), 0.0
+        self.concentration = float(np.inf)
+        """ν of a prefix's continuations (`trace_rl.mixing`), fitted on the run's groups of them once
+        `min_groups` are seen (np.inf before: independent draws, the paper's model)."""
         self._seen = np.zeros((0, 6))  # columns: ṽ, depth, r, s, n, continuation outcome
+        self._groups = np.zeros((0, 5))  # per prefix with >= 2 continuations: posterior mean, strength, r, k, all repeated r
 
     def adjust(self, trees: Sequence[RolloutTree], prefixes: Sequence[tuple[int, int]], values: np.ndarray, threshold: float) -> np.ndarray:
         """The values Stage 2 should allocate with: the posterior at the current fit."""
@@ -110,12 +122,22 @@ class Stage2Evidence:
             return np.asarray(values, dtype=np.float64)
         return posterior(values, bare_evidence(trees, prefixes, threshold), self.prior_strength, self.prompt_weight)
 
+    def expected(self, trees: Sequence[RolloutTree], prefixes: Sequence[tuple[int, int]], values: np.ndarray, threshold: float) -> PrefixPosterior:
+        """What Stage 2 allocates with when it values prefixes by the posterior expectation of mixing:
+        the posterior at the current fit, its strength, and the fitted ν."""
+        values = np.asarray(values, dtype=np.float64)
+        if not len(prefixes):
+            return PrefixPosterior(values, np.zeros(0), self.concentration)
+        evidence = bare_evidence(trees, prefixes, threshold)
+        return PrefixPosterior(posterior(values, evidence, self.prior_strength, self.prompt_weight),
+                               posterior_strength(evidence, self.prior_strength, self.prompt_weight), self.concentration)
+
     def observe(self, trees: Sequence[RolloutTree], threshold: float) -> dict[str, float]:
         """Scores this batch's continuations (the predictor's ṽ and the posterior Stage 2 would have
         used, before refitting on them), then refits. {} when the batch has no scored continuation.
         `stage2/own_weight` is the share of a first-turn prefix's posterior that its bare outcome
         carries after the refit, 1 / (κ + 1) (0: the paper's value); `stage2/prompt_weight` is w."""
-        rows = continuations(trees, threshold)
+        rows, ids = _continuations(trees, threshold)
         if not rows.size:
             return {}
         y = rows[:, 5]
@@ -125,19 +147,29 @@ class Stage2Evidence:
             "stage2/brier_evidence": float(np.mean((used - y) ** 2)),
             "stage2/continuations": float(y.size),
         }
+        groups = _groups(rows, ids, self.prior_strength, self.prompt_weight)
         self._seen = np.concatenate([self._seen, rows])[-self.capacity :]
+        self._groups = np.concatenate([self._groups, groups])[-self.capacity :]
         if len(self._seen) >= self.min_examples:
             self.prior_strength, self.prompt_weight = fit(self._seen)
+        if len(self._groups) >= self.min_groups:
+            g = self._groups
+            self.concentration = fit_repeat_concentration(g[:, 0], g[:, 1], g[:, 2], np.rint(g[:, 3]).astype(np.int64), g[:, 4])
+        metrics["stage2/concentration"] = self.concentration
         metrics["stage2/own_weight"] = 0.0 if np.isinf(self.prior_strength) else 1.0 / (self.prior_strength + 1.0)
         metrics["stage2/prompt_weight"] = self.prompt_weight
         return metrics
 
     def state_dict(self) -> dict[str, Any]:
-        return {"prior_strength": self.prior_strength, "prompt_weight": self.prompt_weight, "seen": self._seen.tolist()}
+        return {"prior_strength": self.prior_strength, "prompt_weight": self.prompt_weight, "seen": self._seen.tolist(),
+                "concentration": self.concentration, "groups": self._groups.tolist()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores a `state_dict`; one saved before ν was fitted has ν = ∞ and no groups."""
         self.prior_strength, self.prompt_weight = float(state["prior_strength"]), float(state["prompt_weight"])
         self._seen = np.asarray(state["seen"], dtype=np.float64).reshape(-1, 6)
+        self.concentration = float(state.get("concentration", np.inf))
+        self._groups = np.asarray(state.get("groups", []), dtype=np.float64).reshape(-1, 5)
 
 
 def fit(rows: np.ndarray) -> tuple[float, float]:
@@ -154,6 +186,26 @@ def fit(rows: np.ndarray) -> tuple[float, float]:
     return float(best[1]), float(best[2])
 
 
+def _groups(rows: np.ndarray, ids: np.ndarray, prior_strength: float, prompt_weight: float) -> np.ndarray:
+    """One row per prefix with at least 2 continuations (`_continuations`' ids): the posterior mean and
+    strength it was planned with, r, the count k and whether all k repeated r."""
+    if not rows.size:
+        return np.zeros((0, 5))
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    ends = np.r_[starts[1:], len(rows)]
+    out = []
+    for start, end in zip(starts, ends):
+        if end - start < 2:
+            continue
+        head = rows[start : start + 1]
+        evidence = _evidence(head)
+        mean = posterior(head[:, 0], evidence, prior_strength, prompt_weight)[0]
+        strength = posterior_strength(evidence, prior_strength, prompt_weight)[0]
+        r = head[0, 2]
+        out.append((mean, strength, r, float(end - start), float(np.all(rows[start:end, 5] == r))))
+    return np.array(out, dtype=np.float64).reshape(-1, 5)
+
+
 def _evidence(rows: np.ndarray) -> Evidence:
     return Evidence(rows[:, 1], rows[:, 2], rows[:, 3], rows[:, 4])
 
@@ -161,7 +213,12 @@ def _evidence(rows: np.ndarray) -> Evidence:
 def continuations(trees: Sequence[RolloutTree], threshold: float) -> np.ndarray:
     """One row per finished continuation whose prefix has a prediction: ṽ, depth t, r, s, n (its
     prefix's `bare_evidence`) and the continuation's outcome."""
-    prefixes, predicted, outcomes = [], [], []
+    return _continuations(trees, threshold)[0]
+
+
+def _continuations(trees: Sequence[RolloutTree], threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """`continuations`' rows and, per row, the index of its prefix (a prefix's rows are adjacent)."""
+    prefixes, predicted, outcomes, ids = [], [], [], []
     for index, tree in enumerate(trees):
         starts: dict[int, list[float]] = {}  # a prefix's continuations together, prefixes in the order first met
         for leaf in tree.leaves():
@@ -173,7 +230,9 @@ def continuations(trees: Sequence[RolloutTree], threshold: float) -> np.ndarray:
             prefixes += [(index, start)] * len(ys)
             predicted += [tree.nodes[start].predicted] * len(ys)
             outcomes += ys
+            ids += [ids[-1] + 1 if ids else 0] * len(ys)
     if not prefixes:
-        return np.zeros((0, 6))
+        return np.zeros((0, 6)), np.zeros(0, dtype=np.int64)
     ev = bare_evidence(trees, prefixes, threshold)
-    return np.column_stack([predicted, ev.depth, ev.outcome, ev.successes, ev.count, outcomes]).astype(np.float64)
+    rows = np.column_stack([predicted, ev.depth, ev.outcome, ev.successes, ev.count, outcomes]).astype(np.float64)
+    return rows, np.asarray(ids, dtype=np.int64)

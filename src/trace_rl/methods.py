@@ -20,7 +20,7 @@ from typing import Literal
 import numpy as np
 
 from trace_rl.allocate import allocate_roots, expand_for_prompts, expand_prefixes, knapsack_roots, pcl_roots, random_prefixes, uniform_roots
-from trace_rl.mixing import BraceConfig, brace_groups, group_mixing
+from trace_rl.mixing import BraceConfig, PrefixPosterior, brace_groups, expand_expected, group_mixing
 from trace_rl.predictor import PredictorKind, PromptEvidence
 from trace_rl.token_budget import allocate_roots_by_cost, expand_prefixes_by_cost
 
@@ -135,9 +135,13 @@ def brace_stage1(
 
 
 def expand_stage2(
-    v: np.ndarray, r: np.ndarray, budget: int, s: AllocationSettings, rng: np.random.Generator, *,
+    v: np.ndarray | PrefixPosterior, r: np.ndarray, budget: int, s: AllocationSettings, rng: np.random.Generator, *,
     prompts: np.ndarray, mixed: np.ndarray, costs: np.ndarray | None = None,
 ) -> np.ndarray:
+    if isinstance(v, PrefixPosterior):  # the posterior expectation (`rollout.stage2_expected`)
+        if costs is not None or s.stage2_objective != "anchor":
+            raise ValueError("Stage 2 by the posterior expectation values anchors in leaves (budget_unit leaves, stage2_objective anchor)")
+        return expand_expected(v, r, budget, max_per_prefix=s.max_per_prefix)
     if costs is not None:
         if s.stage2_objective == "prompt":
             raise ValueError("stage2_objective prompt spends leaves; under a token budget Stage 2 maximises the paper's anchor objective")
@@ -152,7 +156,7 @@ def random_stage2(
     prompts: np.ndarray, mixed: np.ndarray, costs: np.ndarray | None = None,
 ) -> np.ndarray:
     leaves = budget if costs is None else affordable(budget, costs)
-    return random_prefixes(v.size, leaves, rng=rng, max_per_prefix=s.max_per_prefix)
+    return random_prefixes(len(v), leaves, rng=rng, max_per_prefix=s.max_per_prefix)
 
 
 TOKEN_ALLOCATORS = (uniform_stage1, exact_stage1, expand_stage2, random_stage2)

@@ -26,6 +26,7 @@ groups goes uniformly to prompts the weighted draw left out, so no prompt's chan
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -138,29 +139,44 @@ def fit_concentration(
 ) -> float:
     """ν at which the groups' predicted chance of agreeing sums to how many did agree (BRACE fits its ν
     "by matching the degenerate fraction"). Each group: its prompt's Beta(a, b) before the group was
-    seen, its size k (≥ 2) and whether all its rollouts agreed. Agreement falls as ν grows, so the match
-    is found by bisection on log ν within [low, high]; more agreement than even ν = low predicts gives
-    `low`, less than independent draws predict gives np.inf."""
+    seen, its size k (≥ 2) and whether all its rollouts agreed. See `match_concentration`."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    k, agreed = np.asarray(k, dtype=np.int64), np.asarray(agreed, dtype=np.float64)
-    if not (a.shape == b.shape == k.shape == agreed.shape):
-        raise ValueError("a, b, k and agreed must have one entry per group")
-    if np.any(k < 2):
-        raise ValueError("every group needs at least 2 rollouts to agree or not")
-    if not a.size:
-        raise ValueError("no groups to fit on")
-    observed = float(agreed.sum())
+    k, agreed = _groups(k, agreed, a.shape, b.shape)
 
     def predicted(nu: float) -> float:
         return float(sum(np.sum(1.0 - group_mixing(a[k == size], b[k == size], int(size), nu)) for size in np.unique(k)))
 
+    return match_concentration(predicted, float(agreed.sum()), low=low, high=high)
+
+
+def fit_repeat_concentration(
+    p: ArrayLike, strength: ArrayLike, r: ArrayLike, k: ArrayLike, repeated: ArrayLike, *, low: float = 1e-3, high: float = 1e4
+) -> float:
+    """ν of Stage 2's continuations: each group is the k (≥ 2) continuations of one prefix, whose success
+    rate had the posterior (mean p, strength, `repeat_probabilities`) when they were planned, and
+    `repeated` says whether all of them repeated the outcome r of the rollout through the prefix."""
+    p, strength, r = (np.asarray(x, dtype=np.float64) for x in (p, strength, r))
+    k, repeated = _groups(k, repeated, p.shape, strength.shape, r.shape)
+    top = int(k.max()) if k.size else 0
+
+    def predicted(nu: float) -> float:
+        stay = repeat_probabilities(p, strength, r, top, nu)
+        return float(stay[np.arange(k.size), k].sum())
+
+    return match_concentration(predicted, float(repeated.sum()), low=low, high=high)
+
+
+def match_concentration(predicted: Callable[[float], float], observed: float, *, low: float = 1e-3, high: float = 1e4) -> float:
+    """The ν at which `predicted(ν)`, a count of groups expected to agree that falls as ν grows, equals
+    `observed`: bisection on log ν within [low, high]. More agreement than even ν = low predicts gives
+    `low`; less than independent draws (ν = ∞) predict gives np.inf."""
     if observed <= predicted(np.inf):
         return float(np.inf)
     if observed >= predicted(low):
         return float(low)
-    lo, hi = np.log(low), np.log(high)
     if observed <= predicted(high):
         return float(high)
+    lo, hi = np.log(low), np.log(high)
     for _ in range(60):
         mid = 0.5 * (lo + hi)
         if predicted(float(np.exp(mid))) > observed:
@@ -168,6 +184,87 @@ def fit_concentration(
         else:
             hi = mid
     return float(np.exp(0.5 * (lo + hi)))
+
+
+def _groups(k: ArrayLike, flags: ArrayLike, *shapes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    k, flags = np.asarray(k, dtype=np.int64), np.asarray(flags, dtype=np.float64)
+    if any(shape != k.shape for shape in shapes) or flags.shape != k.shape:
+        raise ValueError("every argument must have one entry per group")
+    if np.any(k < 2):
+        raise ValueError("every group needs at least 2 rollouts to agree or not")
+    if not k.size:
+        raise ValueError("no groups to fit on")
+    return k, flags
+
+
+# ------------------------------------------------------------------ Stage 2 by the posterior expectation
+
+
+@dataclass(frozen=True)
+class PrefixPosterior:
+    """Per Stage-2 candidate, the Beta posterior of its continuations' success rate (mean and strength
+    a + b; np.inf: a point mass at the mean) and the concentration ν of a group of continuations: what
+    Stage 2 allocates with when it values a prefix by the posterior expectation of mixing."""
+
+    mean: np.ndarray
+    strength: np.ndarray
+    concentration: float = float("inf")
+
+    def __len__(self) -> int:
+        return int(np.asarray(self.mean).size)
+
+
+def repeat_probabilities(p: ArrayLike, strength: ArrayLike, r: ArrayLike, k_max: int, concentration: float) -> np.ndarray:
+    """M[i, k] = P(all k continuations from prefix i repeat its outcome r_i), k = 0..k_max, when their
+    success rate has the posterior Beta(p·strength, (1 − p)·strength) (a point mass where strength is
+    np.inf) and a group of them is exchangeable with concentration ν. M[:, 0] = 1; non-increasing in k."""
+    p, strength, r = (np.atleast_1d(np.asarray(x, dtype=np.float64)) for x in (p, strength, r))
+    if not (p.shape == strength.shape == r.shape):
+        raise ValueError("p, strength and r must have one entry per prefix")
+    if np.any((p < 0) | (p > 1)) or np.any(~np.isin(r, (0.0, 1.0))) or np.any(~(strength > 0)):
+        raise ValueError("p must lie in [0, 1], r be 0 or 1 and strength be > 0")
+    coefficients = np.zeros((k_max + 1, k_max + 1))  # row k: P(all k succeed | rate) as Σ_m c_m rate^m
+    for k in range(k_max + 1):
+        coefficients[k, : k + 1] = agreement_coefficients(k, concentration)
+    side = np.where(r == 1.0, p, 1.0 - p)  # the chance of one continuation repeating r
+    point = np.isinf(strength)
+    moments = np.empty((p.size, k_max + 1))
+    if point.any():
+        moments[point] = point_moments(side[point], k_max)
+    if (~point).any():
+        a = np.clip(side[~point] * strength[~point], 1e-12, None)
+        b = np.clip((1.0 - side[~point]) * strength[~point], 1e-12, None)
+        moments[~point] = beta_moments(a, b, k_max)
+    return np.clip(moments @ coefficients.T, 0.0, 1.0)
+
+
+MAX_GAIN_TABLE = 20_000_000
+"""Most (candidate, continuation) gains `expand_expected` tabulates; beyond it, cap `max_per_prefix`."""
+
+
+def expand_expected(posterior: PrefixPosterior, r: ArrayLike, budget: int, *, max_per_prefix: int | None = None) -> np.ndarray:
+    """Stage 2 by the posterior expectation: continuations per candidate prefix, maximising
+    Σ_c (1 − M_c(k_c)), the expected number of anchors that turn mixed (`repeat_probabilities`).
+    M_c(k) is a mixture of k-th powers of a repeat rate, so its gains M_c(k − 1) − M_c(k) never grow
+    with k: taking the largest gains over all candidates is optimal (as for `allocate.expand_prefixes`,
+    which this equals at a point mass and ν = ∞). Σ k = min(budget, capacity); gains that are 0 are
+    taken last; equal gains go to the lower index, then the earlier continuation. Int64 counts."""
+    r = np.asarray(r, dtype=np.float64)
+    n = len(posterior)
+    if budget < 0 or (max_per_prefix is not None and max_per_prefix < 0):
+        raise ValueError("budget and max_per_prefix must be >= 0")
+    cap = budget if max_per_prefix is None else int(max_per_prefix)
+    total = min(int(budget), cap * n)
+    if n == 0 or total == 0:
+        return np.zeros(n, dtype=np.int64)
+    k_max = min(cap, total)
+    if n * k_max > MAX_GAIN_TABLE:
+        raise ValueError(f"{n} candidates x {k_max} continuations each is too large a gain table; set rollout.max_per_prefix")
+    stay = repeat_probabilities(posterior.mean, posterior.strength, r, k_max, posterior.concentration)
+    gains = np.clip(stay[:, :-1] - stay[:, 1:], 0.0, None)
+    rows, ks = np.indices(gains.shape)
+    order = np.lexsort((ks.ravel(), rows.ravel(), -gains.ravel()))[:total]
+    return np.bincount(rows.ravel()[order], minlength=n).astype(np.int64)
 
 
 def brace_groups(

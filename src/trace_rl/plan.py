@@ -35,7 +35,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from trace_rl.methods import AllocationSettings, MethodSpec, expand_stage2, uniform_stage1
+from trace_rl.methods import (
+    AllocationSettings,
+    MethodSpec,
+    expand_stage2,
+    uniform_stage1,
+)
+from trace_rl.mixing import PrefixPosterior
 from trace_rl.predictor.base import PromptEvidence
 from trace_rl.tree import RolloutTree
 
@@ -98,11 +104,27 @@ def plan_roots(
     return requests
 
 
+def _allocated(allocate_with: np.ndarray | PrefixPosterior, count: int) -> np.ndarray | PrefixPosterior:
+    if isinstance(allocate_with, PrefixPosterior):
+        if len(allocate_with) != count or np.shape(allocate_with.strength) != (count,):
+            raise ValueError(f"allocate_with has {len(allocate_with)} entries, expected one per candidate ({count})")
+        return allocate_with
+    return _checked(allocate_with, count, "candidate")[0]
+
+
+def _pick(allocate_with: np.ndarray | PrefixPosterior | None, rows: list[int]) -> np.ndarray | PrefixPosterior | None:
+    if allocate_with is None:
+        return None
+    if isinstance(allocate_with, PrefixPosterior):
+        return PrefixPosterior(np.asarray(allocate_with.mean)[rows], np.asarray(allocate_with.strength)[rows], allocate_with.concentration)
+    return np.asarray(allocate_with)[rows]
+
+
 def _one(evidence: PromptEvidence | None, index: int) -> PromptEvidence | None:
     """The evidence of prompt `index` alone."""
     if evidence is None:
         return None
-    pick = lambda a: None if a is None else np.asarray(a)[index : index + 1]  # noqa: E731
+    pick = lambda a: None if a is None else np.asarray(a)[index : index + 1]
     return PromptEvidence(pick(evidence.known), pick(evidence.successes), pick(evidence.failures), evidence.concentration)
 
 
@@ -130,13 +152,14 @@ def plan_prefixes(
     per_tree: bool = False,
     costs: np.ndarray | None = None,
     fresh_costs: np.ndarray | None = None,
-    allocate_with: np.ndarray | None = None,
+    allocate_with: np.ndarray | PrefixPosterior | None = None,
 ) -> list[Request]:
     """Stage 2: continuations per candidate prefix, then the leftover to sampled roots (see module doc).
 
     Sets `predicted` on every candidate (when `values` are given) and `budget` on the expanded ones.
     `allocate_with`: per candidate, the values Stage 2 allocates with instead of `values` (which stay
-    the recorded predictions; these go to `stage2_value`): `trace_rl.evidence`'s posterior.
+    the recorded predictions; these go to `stage2_value`): `trace_rl.evidence`'s posterior mean, or its
+    whole posterior (`PrefixPosterior`) to value prefixes by the posterior expectation.
     Returns [] for a method without Stage 2. `per_tree`: each tree spends its own Stage-2 budget
     over its own candidates, trees in order (see the module docstring). Under a token budget,
     `costs` (per candidate, tokens per continuation) and `fresh_costs` (per tree, tokens per fresh
@@ -158,12 +181,12 @@ def plan_prefixes(
                 method, settings, trees[index : index + 1], [(0, candidates[k][1]) for k in mine],
                 None if checked is None else checked[mine], rng,
                 costs=None if costs is None else costs[mine], fresh_costs=None if fresh_costs is None else fresh_costs[index : index + 1],
-                allocate_with=None if allocate_with is None else np.asarray(allocate_with)[mine],
+                allocate_with=_pick(allocate_with, mine),
             )
             requests += [replace(request, tree=index) for request in own]
         return requests
     values, record = _checked(values, len(candidates), "candidate")
-    allocated = values if allocate_with is None else _checked(allocate_with, len(candidates), "candidate")[0]
+    allocated = values if allocate_with is None else _allocated(allocate_with, len(candidates))
     backups = {}
     for index, _ in candidates:
         if index not in backups:
@@ -174,7 +197,8 @@ def plan_prefixes(
     mixed = np.array([mixed_trees[index] for index, _ in candidates], dtype=bool)
     per_prefix = method.stage2(allocated, outcomes, budget, settings, rng, prompts=prompts, mixed=mixed, costs=costs) if candidates else np.zeros(0, dtype=np.int64)
     requests = []
-    for (index, node_id), v, a, k in zip(candidates, values, allocated, per_prefix):
+    means = allocated.mean if isinstance(allocated, PrefixPosterior) else allocated
+    for (index, node_id), v, a, k in zip(candidates, values, means, per_prefix):
         node = trees[index].nodes[node_id]
         if record:
             node.predicted = float(v)

@@ -109,6 +109,11 @@ class RolloutConfig:
     with the predictor's estimate as prior whose strength is fitted on the run's past continuations
     (`trace_rl.evidence`); false: the paper's value, the predictor's estimate alone. Either way a
     run logs how both score on its continuations (`stage2/brier_predictor`, `stage2/brier_evidence`)."""
+    stage2_expected: bool = False
+    """With `stage2_evidence`: Stage 2 values a prefix by the posterior expectation of the chance that its
+    anchor turns mixed, under that Beta posterior and a correlation between one prefix's continuations
+    fitted on the run's own groups of them (`trace_rl.mixing.expand_expected`), instead of plugging the
+    posterior mean into the paper's value. Exact solver either way."""
     brace: BraceConfig = field(default_factory=BraceConfig)
     """The `brace` method's settings (group size, ε, τ, decay, warm bank, certified exclusion)."""
     backend: Literal["local", "ray"] = "local"
@@ -146,6 +151,10 @@ class RolloutConfig:
         check_range(self, "success_threshold", ge=0, lt=1, why="rewards lie in [0, 1] and a success is a reward above it")
         check_range(self, "env_workers", ge=1)
         check_choice(self, "stage2_objective", ("anchor", "prompt"))
+        if self.stage2_expected and not self.stage2_evidence:
+            raise FieldError("stage2_expected", self.stage2_expected, "false unless rollout.stage2_evidence is true (it takes the expectation under that posterior)")
+        if self.stage2_expected and (self.budget_unit != "leaves" or self.stage2_objective != "anchor"):
+            raise FieldError("stage2_expected", self.stage2_expected, "false with budget_unit tokens or stage2_objective prompt (it values anchors, in leaves)")
         if self.stage2_evidence and self.spec.stage2 is not expand_stage2:
             reads = ", ".join(name for name, spec in METHODS.items() if spec.stage2 is expand_stage2)
             raise FieldError("stage2_evidence", self.stage2_evidence, f"false for method {self.method!r}, whose Stage 2 reads no values ({reads} do)")
@@ -342,7 +351,8 @@ class TreeRolloutCollector:
             branch = None if self.costs is None else self.costs.continuation(batch.trees, candidates)
             posterior = None
             if cfg.stage2_evidence and self.evidence is not None:
-                posterior = self.evidence.adjust(batch.trees, candidates, v_pref, cfg.success_threshold)
+                value = self.evidence.expected if cfg.stage2_expected else self.evidence.adjust
+                posterior = value(batch.trees, candidates, v_pref, cfg.success_threshold)
             requests = plan_prefixes(self.method, settings, batch.trees, candidates, v_pref, self.rng, per_tree=per_tree,
                                      costs=branch, fresh_costs=fresh, allocate_with=posterior)
             to_roots = sum(r.count for r in requests if r.node == 0)
