@@ -82,6 +82,14 @@ OUT_OF_RANGE: dict[str, list[str]] = {
     "rollout.max_per_prompt": ["1"],
     "rollout.max_per_prefix": ["0"],
     "rollout.pcl_keep_share": ["0", "1.5"],
+    "rollout.brace.group_size": ["1", "0"],
+    "rollout.brace.eps": ["-0.1", "1.5"],
+    "rollout.brace.temperature": ["0", "-1"],
+    "rollout.brace.decay": ["0", "1.5"],
+    "rollout.brace.warm_cap_successes": ["-1"],
+    "rollout.brace.warm_cap_failures": ["-1"],
+    "rollout.brace.concentration": ["0", "-2"],
+    "rollout.brace.warm_bank": ["[3]", '[""]'],
     "rollout.max_new_tokens": ["0"],
     "rollout.max_context_tokens": ["0", "48"],
     "rollout.temperature": ["-1"],
@@ -149,6 +157,9 @@ UNCONSTRAINED: dict[str, str] = {
     "train.save_trees": "both values are settings",
     "train.tensorboard": "both values are settings; true is refused only where the tensorboard package is missing",
     "compare:evaluate_start": "both values are settings",
+    "compare:warm_start_per_seed": "both values are settings",
+    "rollout.brace.exclude_certified": "both values are settings",
+    "rollout.stage2_expected": "a bool: true without stage2_evidence is refused (tests/test_stage2_expected.py)",
 }
 
 

@@ -293,13 +293,13 @@ def task_file(tmp_path: Path) -> str:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ("{scorer: exact_mach}", "task.options.scorer must be one of all_in_text, exact_match, f1, numeric, reasoning_gym or null, got 'exact_mach'; did you mean 'exact_match'?"),
-        ("{scorer: 3}", "task.options.scorer must be one of all_in_text, exact_match, f1, numeric, reasoning_gym or null, got 3"),
-        ("{tools: [python, calculater]}", "task.options.tools[1] must be one of search, calculator, python, got 'calculater'; did you mean 'calculator'?"),
-        ("{tools: [serch]}", "task.options.tools[0] must be one of search, calculator, python, got 'serch'; did you mean 'search'?"),
+        ("{scorer: exact_mach}", "task.options.scorer must be one of all_in_text, exact_match, f1, numeric, reasoning_gym, a module:function of your own or null, got 'exact_mach'; did you mean 'exact_match'?"),
+        ("{scorer: 3}", "task.options.scorer must be one of all_in_text, exact_match, f1, numeric, reasoning_gym, a module:function of your own or null, got 3"),
+        ("{tools: [python, calculater]}", "task.options.tools[1] must be one of search, calculator, python or a module:function of your own, got 'calculater'; did you mean 'calculator'?"),
+        ("{tools: [serch]}", "task.options.tools[0] must be one of search, calculator, python or a module:function of your own, got 'serch'; did you mean 'search'?"),
         ("{tools: python}", "task.options.tools must be a list of tool names from search, calculator, python or null, got 'python'"),
         ("{tools: [python, python]}", "task.options.tools[1] must be a tool not already listed"),
-        ("{format: gsm8}", "task.options.format must be one of verl, search_r1, hotpotqa, gsm8k or null, got 'gsm8'; did you mean 'gsm8k'?"),
+        ("{format: gsm8}", "task.options.format must be one of verl, search_r1, hotpotqa, gsm8k, records or null, got 'gsm8'; did you mean 'gsm8k'?"),
     ],
 )
 def test_an_unknown_scorer_or_tool_is_refused_when_the_config_loads(task_file, options, message):
@@ -326,7 +326,7 @@ def test_a_reasoning_gym_task_s_tools_are_checked_and_cannot_be_null():
 def test_a_comparison_names_the_run_s_bad_tool_under_run(task_file):
     from trace_rl.compare import CompareConfig
 
-    with pytest.raises(FieldError, match=r"^run.task.options.tools\[0\] must be one of search, calculator, python, got 'nope'"):
+    with pytest.raises(FieldError, match=r"^run.task.options.tools\[0\] must be one of search, calculator, python or a module:function of your own, got 'nope'"):
         load_config(CompareConfig, ROOT / "configs" / "compare.yaml", ["run." + task_file, "run.task.options={tools: [nope]}"])
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "trace_rl"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("tree", "contrast", "allocate", "mixing", "token_budget", "config", "progress", "rundir", "advantage", "http_deadline"),
+    ("tree", "contrast", "allocate", "mixing", "references", "token_budget", "config", "progress", "rundir", "advantage", "http_deadline"),
     ("predictor", "metrics", "methods", "plan", "evidence", "sim"),
     ("agent", "engine", "models"),
     ("rollout", "bench", "distributed"),

@@ -39,6 +39,7 @@ from trace_rl.config import (
 )
 from trace_rl.engine.base import Engine
 from trace_rl.predictor import BraceBank, PredictorConfig, SuccessPredictor, bank_counts
+from trace_rl.references import is_reference
 from trace_rl.predictor import build_predictor as make_predictor
 from trace_rl.rollout import (
     Executor,
@@ -128,6 +129,14 @@ def check_task_name(name: str) -> None:
         if not Path(name[5:]).is_file():
             raise FieldError("task.name", name, "file:<the path of an existing task file>")
         return
+    if is_reference(name):
+        from trace_rl.agent.tasks import check_name
+
+        try:
+            check_name(name)
+        except ValueError as exc:
+            raise FieldError("task.name", name, f"a function that returns your task set ({exc})") from exc
+        return
     close = difflib.get_close_matches(name, list(TASKSETS), n=1)
     raise FieldError("task.name", name, "one of " + ", ".join(available_tasksets()), f"; did you mean {close[0]!r}?" if close else "")
 
@@ -160,16 +169,19 @@ def check_registered_options(name: str, options: dict[str, Any]) -> None:
     nullable = name.startswith("file:")  # load_file's scorer / tools / format default to None; reasoning-gym's tools do not
     for key, registry in (("scorer", sorted(SCORERS)), ("format", list(FORMATS))):
         value = options.get(key)
+        if key == "scorer" and is_reference(value):
+            continue  # a user's reward function: checked when it is resolved
         if key in options and not (value is None and nullable) and not (isinstance(value, str) and value in registry):
-            raise FieldError(f"task.options.{key}", value, "one of " + ", ".join(registry) + (" or null" if nullable else ""), did_you_mean(value, registry))
+            own = ", a module:function of your own" if key == "scorer" else ""
+            raise FieldError(f"task.options.{key}", value, "one of " + ", ".join(registry) + own + (" or null" if nullable else ""), did_you_mean(value, registry))
     if "tools" not in options or (options["tools"] is None and nullable):
         return
     tools = options["tools"]
     if not isinstance(tools, (list, tuple)):  # a bare string would be read as one tool per character
         raise FieldError("task.options.tools", tools, f"a list of tool names from {', '.join(TOOL_NAMES)}" + (" or null" if nullable else ""))
     for index, tool in enumerate(tools):
-        if not (isinstance(tool, str) and tool in TOOL_NAMES):
-            raise FieldError(f"task.options.tools[{index}]", tool, "one of " + ", ".join(TOOL_NAMES), did_you_mean(tool, TOOL_NAMES))
+        if not (isinstance(tool, str) and (tool in TOOL_NAMES or (nullable and is_reference(tool)))):
+            raise FieldError(f"task.options.tools[{index}]", tool, "one of " + ", ".join(TOOL_NAMES) + (" or a module:function of your own" if nullable else ""), did_you_mean(tool, TOOL_NAMES))
         if tool in tools[:index]:
             raise FieldError(f"task.options.tools[{index}]", tool, "a tool not already listed (each is offered to the model once)")
 
@@ -312,7 +324,16 @@ def build_trainer(config: RunConfig, parts: Parts, run_dir: str | Path | RunDir)
 
 
 def check_trainable(config: RunConfig) -> None:
-    """ConfigError unless the configured engine can receive the trainer's weights (before any work)."""
+    """ConfigError unless the configured engine can receive the trainer's weights and a warm start has
+    demonstrations to learn from (before any work, before the run folder is made)."""
+    if config.model.warm_start and (config.task.name.startswith("file:") or is_reference(config.task.name)):
+        demos = task_splits(config)[0]
+        if demos.oracle is None:
+            raise ConfigError(
+                f"task.name={config.task.name!r} has no oracle or demonstrations, so model.warm_start cannot make a policy "
+                "that writes its tool calls: give the task set one (task_set(oracle=...) or task_set(demonstrations=...)), "
+                "or start from a pretrained model without a warm start (model.warm_start=false)"
+            )
     if config.model.engine == "openai":
         if config.model.weight_sync == "none":
             raise ConfigError(
@@ -615,3 +636,43 @@ def headline(metrics: dict[str, Any]) -> dict[str, float]:
     if metrics.get("tool/unavailable_rate"):  # a tool down or timing out: worth seeing live, not only in the report
         shown["tool/unavailable_rate"] = round(float(metrics["tool/unavailable_rate"]), 4)
     return shown
+
+
+def train(
+    config: RunConfig | str | Path | None = None,
+    out: str | Path | None = None,
+    *,
+    overrides: Sequence[str] = (),
+    resume: bool = False,
+    progress: bool = True,
+) -> Trainer:
+    """Train from Python as `trace-rl train` does: `config` a `RunConfig`, a YAML file or None (the
+    defaults), with `overrides` (`key=value` strings) applied; the run goes to `out` (or, with `resume`,
+    continues there). `progress` shows the warm start and the steps on stderr. Returns the Trainer."""
+    from trace_rl.config import apply_override, from_dict, load_config, to_dict
+    from trace_rl.progress import progress_bar
+
+    if isinstance(config, RunConfig):
+        if overrides:
+            data = to_dict(config)
+            for item in overrides:
+                apply_override(data, item)
+            config = from_dict(RunConfig, data)
+    else:
+        config = load_config(RunConfig, None if config is None else str(config), list(overrides))
+    if out is None:
+        raise ValueError("train() needs out=, the run folder")
+    if not progress:
+        return train_run(config, out, resume=resume)
+    with progress_bar() as bar:
+        return train_run(config, out, resume=resume, bar=bar)
+
+
+def evaluate(config: RunConfig | str | Path | None = None, *, overrides: Sequence[str] = (), run_dir: str | Path | None = None,
+             samples: int | None = None) -> dict[str, Any]:
+    """Held-out accuracy of `config`'s starting policy, or of `run_dir`'s latest checkpoint (as `trace-rl eval`)."""
+    from trace_rl.config import load_config
+
+    if not isinstance(config, RunConfig):
+        config = load_config(RunConfig, None if config is None else str(config), list(overrides))
+    return evaluate_policy(config, run_dir, samples=samples)

@@ -11,14 +11,14 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 from trace_rl.agent.env import StepInfo, StepResult, ToolEnv
-from trace_rl.agent.protocol import ANSWER, TurnFormat
+from trace_rl.agent.protocol import ANSWER, ToolSpec, TurnFormat
 from trace_rl.agent.types import OraclePolicy, Passage, Task, ToolCall
 
 
@@ -132,11 +132,14 @@ class RandomAgent:
         corpus_words: Sequence[str] = (),
         answer_prob: float = 0.3,
         malformed_prob: float = 0.1,
+        specs: Mapping[str, ToolSpec] | None = None,
     ) -> None:
         self.format = turn_format
         self.corpus_words = tuple(corpus_words)
         self.answer_prob = answer_prob
         self.malformed_prob = malformed_prob
+        self.specs = dict(specs or {})
+        """Specs of tools beyond the bundled ones (a user's), called with random arguments of their types."""
 
     @classmethod
     def for_corpus(cls, turn_format: TurnFormat, passages: Sequence[Passage], *, max_words: int = 5000, **kwargs: Any) -> RandomAgent:
@@ -167,7 +170,20 @@ class RandomAgent:
             return ToolCall(name, {"expression": f"{a} {op} {b}"})
         if name == "python":
             return ToolCall(name, {"code": f"print({a} {op} {b})"})
-        raise ValueError(f"RandomAgent does not know how to call tool {name!r}")
+        if name in self.specs:
+            return ToolCall(name, {p.name: _random_value(p.type, words, rng) for p in self.specs[name].params if p.required or rng.random() < 0.5})
+        raise ValueError(f"RandomAgent does not know how to call tool {name!r} (give its spec: RandomAgent(..., specs=))")
+
+
+def _random_value(kind: str, words: Sequence[str], rng: np.random.Generator) -> Any:
+    """A random argument of a tool parameter's JSON type: words for a string, a small number otherwise."""
+    if kind == "integer":
+        return int(rng.integers(-10, 100))
+    if kind == "number":
+        return float(np.round(rng.uniform(-10, 100), 2))
+    if kind == "boolean":
+        return bool(rng.random() < 0.5)
+    return " ".join(_pick(words, rng, int(rng.integers(1, 4)))) or "anything"
 
 
 def _pick(words: Sequence[str], rng: np.random.Generator, n: int) -> list[str]:

@@ -183,11 +183,12 @@ class ToolEnv:
         topk: int = 3,
         sandbox: SandboxConfig | None = None,
     ) -> ToolEnv:
-        """An env with the tools the taskset's tasks use; search runs over its corpus (or `search_url`),
-        python in `sandbox` (checked now: SandboxUnavailable when this machine cannot run it)."""
-        names = sorted({name for task in taskset.tasks for name in task.tools})
+        """An env with the tools the taskset's tasks use (its own, `TaskSet.tools`, and the bundled ones);
+        search runs over its corpus (or `search_url`), python in `sandbox` (checked now:
+        SandboxUnavailable when this machine cannot run it)."""
+        names = sorted({name for task in taskset.tasks for name in task.tools} - set(taskset.tools))
         corpus = taskset.corpus if "search" in names and search_url is None else None
-        tools = build_tools(names, corpus=corpus, search_url=search_url, topk=topk, sandbox=sandbox)
+        tools = {**build_tools(names, corpus=corpus, search_url=search_url, topk=topk, sandbox=sandbox), **taskset.tools}
         return cls(tools, turn_format=turn_format, scorer=scorer, max_turns=max_turns, max_observation_chars=max_observation_chars)
 
     # ---------------------------------------------------------------- what the policy sees

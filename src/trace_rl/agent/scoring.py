@@ -20,8 +20,10 @@ import re
 import string
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from trace_rl.agent.types import Task
+from trace_rl.references import is_reference, resolve
 
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -278,12 +280,23 @@ SCORERS: dict[str, Callable[[Task, str], float]] = {
 
 
 def get_scorer(name: str) -> Callable[[Task, str], float]:
-    """The scorer registered under `name`; a miss raises ValueError suggesting the closest name."""
+    """The scorer registered under `name`, or the function a `module:function` reference names (a user's
+    reward, `trace_rl.references`); a miss raises ValueError suggesting the closest name."""
+    if is_reference(name):
+        fn = _resolved(name)
+        if not callable(fn):
+            raise ValueError(f"scorer {name!r} is not a function: it must take (task, answer) and return a float in [0, 1]")
+        return fn
     if name not in SCORERS:
         close = difflib.get_close_matches(name, SCORERS, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"unknown scorer {name!r}{hint} (known: {sorted(SCORERS)})")
     return SCORERS[name]
+
+
+@functools.lru_cache(maxsize=64)
+def _resolved(name: str) -> Any:
+    return resolve(name, "scorer")
 
 
 def score(task: Task, answer: str) -> float:

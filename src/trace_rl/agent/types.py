@@ -83,7 +83,8 @@ Like the oracle, it reads only the task and the tool results so far; "" when the
 
 @dataclass
 class TaskSet:
-    """A list of tasks plus what their tools need: the search corpus and a scripted oracle."""
+    """A list of tasks plus what their tools need: the search corpus, a scripted oracle, and any tools of
+    the task set's own (`trace_rl.agent.tools.Tool` by name; the env adds the bundled ones it names)."""
 
     name: str
     tasks: list[Task]
@@ -91,3 +92,4 @@ class TaskSet:
     oracle: OraclePolicy | None = None
     rationale: Rationale | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    tools: dict[str, Any] = field(default_factory=dict)

@@ -177,7 +177,7 @@ def demonstrations(taskset: TaskSet, env: ToolEnv, config: SFTConfig, *, seed: i
             plans[task.task_id] = [step.info.call for step in episode.steps if step.info.call is not None]
         return plans[task.task_id]
 
-    random_agent = RandomAgent.for_corpus(env.format, taskset.corpus, malformed_prob=0.0)
+    random_agent = RandomAgent.for_corpus(env.format, taskset.corpus, malformed_prob=0.0, specs={name: tool.spec for name, tool in env.tools.items()})
     agent = DemoAgent(taskset.oracle, env.format, random_agent, config.mistake_prob, plan, taskset.rationale)
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(taskset.tasks))

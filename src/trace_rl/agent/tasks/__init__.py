@@ -13,7 +13,10 @@ Names:
   - `toolmath`: 2-5 step arithmetic word problems for the calculator / python tools (`tasks/toolmath.py`);
   - `wiki_fanoutqa`: FanOutQA questions over ~10k Wikipedia lead paragraphs (`tasks/wiki.py`);
   - `rg:<dataset>`: a reasoning-gym dataset (`tasks/reasoning_gym.py`);
-  - `file:<path>`: a task file in one of `loaders.FORMATS` (`tasks/loaders.py`).
+  - `file:<path>`: a task file in one of `loaders.FORMATS` (`tasks/loaders.py`);
+  - `module:function` or `path/to/file.py:function`: a user's own task set, the function called as
+    `function(split=..., num_tasks=..., seed=..., **options)` and returning a `TaskSet` (see
+    `tasks/records.py`'s `task_set` for one made from rows) or a list of `Task`s.
 
 Every task set is deterministic in (`name`, `split`, `seed`, options). `split` is 'train' or 'test'
 (disjoint questions). A file holds training rows; its test split is a second file (`test_file`), a
@@ -29,7 +32,8 @@ from collections.abc import Callable
 from typing import Any
 
 from trace_rl.agent.tasks import loaders, multihop, toolmath, wiki
-from trace_rl.agent.types import TaskSet
+from trace_rl.agent.types import Task, TaskSet
+from trace_rl.references import is_reference, resolve
 
 TASKSETS: dict[str, Callable[..., TaskSet]] = {
     "multihop": multihop.load,
@@ -44,13 +48,17 @@ PREFIXES = ("rg:", "file:")
 
 def available_tasksets() -> list[str]:
     """Every name `load_taskset` accepts, with the parameterised forms written as patterns."""
-    return [*TASKSETS, "rg:<dataset>", "file:<path>"]
+    return [*TASKSETS, "rg:<dataset>", "file:<path>", "<module>:<function>"]
 
 
 def check_name(name: str) -> None:
     """ValueError, with the closest known name, unless `name` is a plain task-set name or has a known
     prefix (whether an `rg:` dataset or a `file:` path exists is the loader's to say)."""
     if name in TASKSETS or name.startswith(PREFIXES):
+        return
+    if is_reference(name):
+        if not callable(resolve(name, "task set")):
+            raise ValueError(f"task set {name!r} is not a function: it must take (split=, num_tasks=, seed=, **options) and return a TaskSet")
         return
     close = difflib.get_close_matches(name, [*TASKSETS, *PREFIXES], n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -65,6 +73,10 @@ def option_names(name: str) -> list[str]:
         from trace_rl.agent.tasks import reasoning_gym
 
         return reasoning_gym.option_names(name[len("rg:"):])
+    if is_reference(name):
+        loader = resolve(name, "task set")
+        kinds = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        return sorted({p.name for p in inspect.signature(loader).parameters.values() if p.kind in kinds} - {"split", "num_tasks", "seed"})
     loader = loaders.load_file if name.startswith("file:") else TASKSETS[name]
     names = [p.name for p in inspect.signature(loader).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
     if name == "multihop":
@@ -94,7 +106,19 @@ def load_taskset(
     if name.startswith("file:"):
         return loaders.load_file(name[len("file:"):], split=split, num_tasks=num_tasks, seed=seed, **options)
     check_name(name)
+    if is_reference(name):
+        return _user_taskset(name, resolve(name, "task set")(split=split, num_tasks=num_tasks, seed=seed, **options), num_tasks)
     return TASKSETS[name](split=split, num_tasks=num_tasks, seed=seed, **options)
+
+
+def _user_taskset(name: str, made: object, num_tasks: int | None) -> TaskSet:
+    """What a user's task-set function returned, as a TaskSet (a list of Tasks is wrapped)."""
+    if isinstance(made, list) and made and all(isinstance(t, Task) for t in made):
+        made = TaskSet(name=name, tasks=made)
+    if not isinstance(made, TaskSet) or not made.tasks:
+        raise ValueError(f"task set {name!r} returned {type(made).__name__}{'' if made else ' (empty)'}: it must return a non-empty TaskSet or list of Task")
+    made.tasks = made.tasks[:num_tasks]
+    return made
 
 
 __all__ = ["PREFIXES", "TASKSETS", "available_tasksets", "check_name", "load_taskset", "option_names"]

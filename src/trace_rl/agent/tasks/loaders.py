@@ -6,7 +6,9 @@
     `extra_info`; `.parquet` (needs pyarrow), `.jsonl`, or `.json` holding a list of rows;
   - `hotpotqa`: a JSON list of `{_id, question, answer, supporting_facts, context, type, level}`; the
     `context` paragraphs become the search corpus (one Passage per distinct title);
-  - `gsm8k`: JSONL `{question, answer}` with the solution ending in '#### <number>'.
+  - `gsm8k`: JSONL `{question, answer}` with the solution ending in '#### <number>';
+  - `records`: rows of `{question (or prompt), answer?, id?, tools?, ...}`, every other field kept in
+    `task.meta` for a reward of the user's own (`trace_rl.task_set` makes them in Python).
 
 Every row is checked when the file loads, before any work, and a bad one is refused with one line
 (`TaskFileError`, a ValueError) naming the file, the row (its index, its JSONL line, its id) and the
@@ -38,7 +40,7 @@ from typing import Any
 from trace_rl.agent.tasks.wiki import evidence_oracle
 from trace_rl.agent.types import Passage, Task, TaskSet
 
-FORMATS = ("verl", "search_r1", "hotpotqa", "gsm8k")
+FORMATS = ("verl", "search_r1", "hotpotqa", "gsm8k", "records")
 SPLITS = ("train", "test")
 
 MAX_LINE_BYTES = 1 << 20
@@ -485,6 +487,28 @@ def tasks_from_hotpotqa(
 # --------------------------------------------------------------------------------------------------
 
 
+_RECORD_FIELDS = ("question", "prompt", "answer", "id", "tools")
+
+
+def tasks_from_records(rows: Sequence[Any], *, name: str, scorer: str = "exact_match", tools: tuple[str, ...] = (),
+                       file: str | None = None, lines: Sequence[int] | None = None) -> list[Task]:
+    """Tasks from rows of `{question (or prompt), answer?, id?, tools?, ...}`: `answer` a string, a number
+    or a list of accepted answers (optional: a reward of the user's own may need none), `tools` the names
+    of `tools` this row may call (default: all), every other field in `task.meta`. Ids default to
+    `<name>-<index>`."""
+    tasks = []
+    for index, (row, ref) in enumerate(zip(rows, _rows_as_objects(rows, file or name, lines))):
+        question = _text(row.get("question", row.get("prompt")), ref, "question")
+        answers = _aliases(row["answer"], ref, "answer") if row.get("answer") is not None else ()
+        task_id = _name(row["id"], ref, "id") if row.get("id") is not None else f"{name}-{index}"
+        own = row.get("tools", list(tools))
+        if not isinstance(own, (list, tuple)) or any(t not in tools for t in own):
+            raise ref.error("tools", f"must list tools of this task set ({', '.join(tools) or 'none'}), got {_short(own)}")
+        meta = {k: v for k, v in row.items() if k not in _RECORD_FIELDS}
+        tasks.append(Task(task_id, question, answers, source=name, tools=tuple(own), scorer=scorer, meta=meta))
+    return tasks
+
+
 def gsm8k_gold(solution: str) -> str | None:
     """The gold of a GSM8K solution: the text after its last '####', read wholly as a number
     (`read_number`: thousands commas, a/b fractions, exponents) and written by `number_text` ('#### 3/4'
@@ -560,8 +584,6 @@ def unique_ids(tasks: Sequence[Task], file: str) -> list[Task]:
 def detect_format(path: str | Path, rows: Sequence[Any] | None = None) -> str:
     """Guess the format from the suffix and the first row; raises when it cannot tell."""
     path = Path(path)
-    if path.suffix.lower() == ".parquet":
-        return "verl"
     rows = _read_rows(path)[0] if rows is None else rows
     first = rows[0] if rows else {}
     if not isinstance(first, dict):
@@ -572,6 +594,10 @@ def detect_format(path: str | Path, rows: Sequence[Any] | None = None) -> str:
         return "hotpotqa"
     if isinstance(first.get("answer"), str) and "####" in first["answer"]:
         return "gsm8k"
+    if isinstance(first.get("question"), str) or (isinstance(first.get("prompt"), str) and path.suffix.lower() != ".parquet"):
+        return "records"
+    if path.suffix.lower() == ".parquet":
+        return "verl"
     raise TaskFileError(f"{path}: cannot tell the format from the first row (keys: {_keys(first)}); "
                         f"pass format= one of {FORMATS}")
 
@@ -597,6 +623,8 @@ def _load_one(path: Path, format: str | None, scorer: str | None, tools: Sequenc
         tasks = tasks_from_verl_rows(rows, scorer=scorer, tools=tools, **where)
     elif format == "hotpotqa":
         tasks, corpus = tasks_from_hotpotqa(rows, **where)
+    elif format == "records":
+        tasks = tasks_from_records(rows, name=path.stem, scorer=scorer or "exact_match", tools=tuple(tools or ()), file=str(path), lines=lines)
     else:
         tasks = tasks_from_gsm8k(rows, **where)
     if format not in ("verl", "search_r1") and (scorer is not None or tools is not None):
@@ -707,4 +735,22 @@ def load_file(
         meta.update(test_share=test_share, seed=seed)
     elif held_out == "test_file":
         meta["test_file"] = str(test_file)
-    return TaskSet(name=f"file:{path}", tasks=tasks, corpus=corpus, oracle=oracle, meta=meta)
+    own = user_tools(tools or ())
+    if own:  # the tasks list the tools by the name the model calls them
+        names = {ref: tool.name for ref, tool in own.items()}
+        tasks = [replace(t, tools=tuple(names.get(n, n) for n in t.tools)) for t in tasks]
+    return TaskSet(name=f"file:{path}", tasks=tasks, corpus=corpus, oracle=oracle, meta=meta, tools={t.name: t for t in own.values()})
+
+
+def user_tools(names: Sequence[str]) -> dict[str, Any]:
+    """The tools that `module:function` references among `names` name, by reference: a `Tool`, or a typed
+    function made into one (`Tool.from_function`)."""
+    from trace_rl.agent.tools import Tool
+    from trace_rl.references import is_reference, resolve
+
+    out = {}
+    for name in names:
+        if is_reference(name):
+            found = resolve(name, "tool")
+            out[name] = found if isinstance(found, Tool) else Tool.from_function(found)
+    return out
