@@ -7,7 +7,7 @@ from scripted_engine import FixedValues, ScriptedEngine, make_world
 from trace_rl.config import FieldError
 from trace_rl.evidence import Evidence, Stage2Evidence, bare_evidence, fit, posterior
 from trace_rl.methods import get_method
-from trace_rl.plan import plan_prefixes, prefix_candidates
+from trace_rl.plan import Estimates, Planner, prefix_candidates
 from trace_rl.rollout import RolloutConfig, TreeRolloutCollector
 from trace_rl.tree import RolloutTree
 
@@ -109,7 +109,7 @@ def test_the_collector_allocates_stage_2_with_the_posterior_and_a_resumed_one_wi
     assert np.allclose(recorded, allocate_with)  # the tree says what Stage 2 allocated with, beside `predicted`
     for tree, bare in zip(expected, replay):
         bare.root.budget = tree.root.budget
-    plan_prefixes(get_method("trace"), config.allocation(), replay, candidates, values, np.random.default_rng(0), allocate_with=allocate_with)
+    Planner(get_method("trace"), config.allocation()).prefixes(replay, candidates, Estimates(values, allocate_with=allocate_with), np.random.default_rng(0))
     assert [n.budget for t in replay for n in t.nodes[1:]] == [expected[i].nodes[j].budget for i, ids in enumerate(originals) for j in ids[1:]]
 
     resumed = collector()

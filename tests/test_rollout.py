@@ -6,7 +6,7 @@ import pytest
 from scripted_engine import FixedValues, KeyedScriptedEngine, ScriptedEngine, make_world
 
 from trace_rl.methods import METHODS, get_method
-from trace_rl.plan import plan_prefixes, plan_roots, prefix_candidates
+from trace_rl.plan import Estimates, Planner, prefix_candidates
 from trace_rl.predictor import PredictorConfig, build_predictor
 from trace_rl.predictor.hashed import HashedNgramPredictor
 from trace_rl.rollout import RolloutConfig, TreeRolloutCollector
@@ -137,29 +137,30 @@ def _bare(tree):
     return RolloutTree.from_dict({**data, "nodes": keep})
 
 
-def test_the_collector_allocates_exactly_what_the_planner_plans_from_its_predictions(world):
-    """The collector runs `trace_rl.plan` (as `trace_rl.bench` does): replaying the planner on the bare
-    rollouts and the predictions the collector recorded gives the collector's allocation."""
-    import trace_rl.bench
-    import trace_rl.plan
-    import trace_rl.rollout
+def test_the_collector_and_the_benchmark_plan_the_same_from_the_same_predictions(world):
+    """One planner (`trace_rl.plan.Planner`) for training and the benchmark: replaying the collector's
+    planner and the benchmark's planner of the same method on the bare rollouts and the predictions the
+    collector recorded both give the collector's allocation."""
+    from trace_rl.bench import BenchConfig, planner_for
 
-    for module in (trace_rl.rollout, trace_rl.bench):  # one planning code path for training and the benchmark
-        assert module.plan_roots is trace_rl.plan.plan_roots and module.plan_prefixes is trace_rl.plan.plan_prefixes
     taskset, env, tokenizer, turns = world
     for method in ("trace", "trace_stage2", "trace_stage1", "pcl"):  # the deterministic allocators
         config = RolloutConfig(method=method, budget=40, stage1_share=0.5, max_new_tokens=32)
-        trees = TreeRolloutCollector(ScriptedEngine(tokenizer, turns), tokenizer, env, FixedValues(), config, seed=3).collect(taskset.tasks[:8]).trees
-        spec, settings = get_method(method), config.allocation()
-        replay = [_bare(t) for t in trees]
-        plan_roots(spec, settings, replay, np.array([t.root.predicted for t in trees]))
+        collector = TreeRolloutCollector(ScriptedEngine(tokenizer, turns), tokenizer, env, FixedValues(), config, seed=3)
+        trees = collector.collect(taskset.tasks[:8]).trees
+        bench = planner_for(method, BenchConfig(methods=[method], budget=40, stage1_share=0.5))
+        assert isinstance(collector.planner, Planner) and type(bench) is type(collector.planner)
+        assert bench.settings == collector.planner.settings
         originals = [[n.id for n in t.nodes if n.id == 0 or n.rollout_start == 0] for t in trees]  # bare node ids
-        candidates = prefix_candidates(replay, lambda i, n: trees[i].nodes[originals[i][n]].predicted is not None)
-        values = np.array([trees[i].nodes[originals[i][n]].predicted for i, n in candidates])
-        plan_prefixes(spec, settings, replay, candidates, values, np.random.default_rng(0))
-        for tree, bare, ids in zip(trees, replay, originals):
-            assert [n.budget for n in bare.nodes] == [tree.nodes[i].budget for i in ids]
-            assert sum(n.budget for n in tree.nodes) == tree.leaves().size  # nothing outside the plan
+        for planner in (collector.planner, bench):
+            replay = [_bare(t) for t in trees]
+            planner.roots(replay, Estimates(np.array([t.root.predicted for t in trees])))
+            candidates = prefix_candidates(replay, lambda i, n: trees[i].nodes[originals[i][n]].predicted is not None)
+            values = np.array([trees[i].nodes[originals[i][n]].predicted for i, n in candidates])
+            planner.prefixes(replay, candidates, Estimates(values), np.random.default_rng(0))
+            for tree, bare, ids in zip(trees, replay, originals):
+                assert [n.budget for n in bare.nodes] == [tree.nodes[i].budget for i in ids]
+                assert sum(n.budget for n in tree.nodes) == tree.leaves().size  # nothing outside the plan
 
 
 def test_per_tree_collection_gives_every_tree_its_own_budget_planned_on_its_own_prefixes(world):
@@ -171,15 +172,15 @@ def test_per_tree_collection_gives_every_tree_its_own_budget_planned_on_its_own_
     assert [t.leaves().size for t in batch.trees] == [6] * 8
     assert batch.stats["rollout/budget"] == batch.stats["rollout/leaves"] == 48
     assert sum(n.budget for t in batch.trees for n in t.nodes[1:]) > 0, "Stage 2 expanded no prefix"
-    spec, settings = get_method("trace"), config.allocation()
+    planner = Planner(get_method("trace"), config.allocation())
     for tree in batch.trees:
         bare = _bare(tree)
-        plan_roots(spec, settings, [bare], np.array([tree.root.predicted]))
+        planner.roots([bare], Estimates(np.array([tree.root.predicted])))
         assert bare.root.budget == 3
         ids = [n.id for n in tree.nodes if n.id == 0 or n.rollout_start == 0]
         candidates = prefix_candidates([bare], lambda i, n: tree.nodes[ids[n]].predicted is not None)
         values = np.array([tree.nodes[ids[n]].predicted for _, n in candidates])
-        plan_prefixes(spec, settings, [bare], candidates, values, np.random.default_rng(0))
+        planner.prefixes([bare], candidates, Estimates(values), np.random.default_rng(0))
         assert [n.budget for n in bare.nodes] == [tree.nodes[i].budget for i in ids]
         assert sum(n.budget for n in tree.nodes) == 6
 

@@ -40,8 +40,15 @@ from trace_rl.config import from_dict
 from trace_rl.evidence import Stage2Evidence
 from trace_rl.methods import AllocationSettings, expand_stage2, get_method
 from trace_rl.metrics import FIGURES, predictor_metrics, tree_metrics
-from trace_rl.plan import Request, plan_prefixes, plan_roots, prefix_candidates
-from trace_rl.predictor import KnowsPrompts, PredictorConfig, SuccessPredictor, backup_targets, brier_score, build_predictor
+from trace_rl.plan import Planner, Request
+from trace_rl.predictor import (
+    KnowsPrompts,
+    PredictorConfig,
+    SuccessPredictor,
+    backup_targets,
+    brier_score,
+    build_predictor,
+)
 from trace_rl.sim import LatentTreeSimulator, SimConfig, SimPrompt
 from trace_rl.token_budget import TokenCosts
 from trace_rl.tree import RolloutTree
@@ -215,9 +222,7 @@ def learned_rows(rows: Sequence[str]) -> list[str]:
 def _run_seed(cfg: BenchConfig, seed: int) -> _SeedResult:
     sim = LatentTreeSimulator(cfg.sim, seed=seed)
     predictors = {row: build_predictor(get_method(row).predictor, cfg.predictor, seed=seed) for row in learned_rows(cfg.methods)}
-    most = cfg.sim.turn_tokens * cfg.sim.max_turns + cfg.sim.answer_tokens  # the most a rollout writes
-    costs = {row: TokenCosts(initial=float(most)) for row in cfg.methods} if cfg.budget_unit == "tokens" else {}
-    evidence = {row: Stage2Evidence() for row in cfg.methods if cfg.stage2_evidence and get_method(parse_row(row)[0]).stage2 is expand_stage2}
+    planners = {row: planner_for(row, cfg) for row in cfg.methods}
     figures: dict[str, dict[str, list[float]]] = {m: {} for m in cfg.methods}
     warmup: dict[str, dict[str, list[float]]] = {m: {} for m in predictors}
     calibration: dict[str, dict[str, list[float]]] = {m: {} for m in predictors}
@@ -226,17 +231,15 @@ def _run_seed(cfg: BenchConfig, seed: int) -> _SeedResult:
         prompts = sim.sample_prompts(cfg.prompts_per_batch, np.random.default_rng([seed, batch, 1]))
         for row in cfg.methods:
             predictor = predictors.get(row)
-            if not reported and predictor is None and row not in costs and row not in evidence:
+            planner = planners[row]
+            if not reported and predictor is None and planner.costs is None and planner.evidence is None:
                 continue  # stateless rows need no warm-up (under a token budget every row learns its costs)
             rng = np.random.default_rng([seed, batch, 2, _stream(row)])
-            trees = run_batch(row, prompts, sim, cfg, rng, predictor, costs.get(row), evidence.get(row))
+            trees = run_batch(row, prompts, sim, cfg, rng, predictor, planner)
             metrics = tree_metrics(trees)
             if cfg.budget_unit == "leaves" and metrics["tree/leaves"] != cfg.budget:
                 raise RuntimeError(f"{row} spent {metrics['tree/leaves']:.0f} leaves, expected {cfg.budget}")
-            if row in costs:
-                costs[row].observe(trees)
-            if row in evidence:
-                evidence[row].observe(trees, cfg.allocation().success_threshold)
+            planner.observe(trees)
             table = figures if reported else warmup
             if row in table:  # a warm-up batch of a row without a predictor only teaches it its costs
                 for name in FIGURES + TOKEN_FIGURES + UNMIXED_FIGURES:
@@ -267,30 +270,31 @@ def run_batch(
     cfg: BenchConfig,
     rng: np.random.Generator,
     predictor: SuccessPredictor | None = None,
-    costs: TokenCosts | None = None,
-    evidence: Stage2Evidence | None = None,
+    planner: Planner | None = None,
 ) -> list[RolloutTree]:
-    """One batch of `row`: `plan_roots`, bare rollouts, then (two-stage methods) `plan_prefixes` and
-    continuations, exactly as the training collector runs them, with the simulator in place of the
-    engine and env. Exactly `cfg.budget` leaves are grown; under a token budget, the leaves that
-    `cfg.budget` expected tokens buy at `costs`' estimates (which the caller updates). With `evidence`,
-    Stage 2 allocates with its posterior (the caller has it observe the trees)."""
+    """One batch of `row`: the two stages of its `Planner` (the training collector's), with the
+    simulator in place of the engine and env: exactly `cfg.budget` leaves are grown; under a token
+    budget, the leaves that `cfg.budget` expected tokens buy at the planner's cost estimates. The
+    caller has the planner observe the trees (`Planner.observe`)."""
     name, values = parse_row(row)
-    method, settings = get_method(name), cfg.allocation()
+    method = get_method(name)
+    planner = planner if planner is not None else Planner(method, cfg.allocation())
     value = _value_fn(method.uses_values, values, sim, predictor, cfg.noise, rng)
     trees = [sim.new_tree(p) for p in prompts]
-    roots = [(index, 0) for index in range(len(trees))]
     known = predictor.evidence([t.history(0) for t in trees]) if value and isinstance(predictor, KnowsPrompts) else None
-    fresh = None if costs is None else costs.fresh([t.task_id for t in trees])
-    _grow(trees, plan_roots(method, settings, trees, value(trees, roots) if value else None, known, costs=fresh, rng=rng), sim, rng)
-    if method.stage2 is None:
-        return trees
-    candidates = prefix_candidates(trees)
-    v_prefix = value(trees, candidates) if value else None
-    branch = None if costs is None else costs.continuation(trees, candidates)
-    posterior = None if evidence is None or v_prefix is None else evidence.adjust(trees, candidates, v_prefix, settings.success_threshold)
-    _grow(trees, plan_prefixes(method, settings, trees, candidates, v_prefix, rng, costs=branch, fresh_costs=fresh, allocate_with=posterior), sim, rng)
+    for requests in planner.plan(trees, value, rng, prompt_evidence=known):
+        _grow(trees, requests, sim, rng)
     return trees
+
+
+def planner_for(row: str, cfg: BenchConfig) -> Planner:
+    """The planner of one row, with the state it learns: token costs under a token budget (from the most
+    a simulated rollout writes), Stage 2's evidence model under `cfg.stage2_evidence`."""
+    method = get_method(parse_row(row)[0])
+    most = cfg.sim.turn_tokens * cfg.sim.max_turns + cfg.sim.answer_tokens
+    costs = TokenCosts(initial=float(most)) if cfg.budget_unit == "tokens" else None
+    evidence = Stage2Evidence() if cfg.stage2_evidence and method.stage2 is expand_stage2 else None
+    return Planner(method, cfg.allocation(), costs=costs, evidence=evidence, stage2_value="evidence" if evidence is not None else "paper")
 
 
 def _grow(trees: list[RolloutTree], requests: list[Request], sim: LatentTreeSimulator, rng: np.random.Generator) -> None:

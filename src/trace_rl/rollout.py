@@ -3,10 +3,11 @@
 The planner (`trace_rl.plan`) decides where rollouts start; the collector does the rest, in the
 order of DESIGN.md §2:
 
-1. predict root success for every task, `plan_roots`, and sample the *bare rollouts* (all `m_i`
-   first turns of a prompt come from one engine call with `n = m_i`, so the prompt is prefilled once);
-2. predict success at every intermediate prefix of the bare rollouts, `plan_prefixes`, and sample
-   continuations from each chosen prefix (its env is restored from the snapshot taken when the
+1. predict root success for every task, Stage 1 of the `Planner`, and sample the *bare rollouts*
+   (all `m_i` first turns of a prompt come from one engine call with `n = m_i`, so the prompt is
+   prefilled once);
+2. predict success at every intermediate prefix of the bare rollouts, Stage 2 of the `Planner`, and
+   sample continuations from each chosen prefix (its env is restored from the snapshot taken when the
    prefix was made; its `k` first turns share one prefill).
 
 What a method does is its `MethodSpec` (`trace_rl.methods`); the collector plans, in this process,
@@ -40,10 +41,17 @@ from trace_rl.agent.types import Task
 from trace_rl.config import FieldError, check_choice, check_range
 from trace_rl.engine.base import Completion, Engine, SamplingParams
 from trace_rl.evidence import Stage2Evidence
-from trace_rl.methods import METHODS, AllocationSettings, MethodName, MethodSpec, expand_stage2, get_method
+from trace_rl.methods import (
+    METHODS,
+    AllocationSettings,
+    MethodName,
+    MethodSpec,
+    expand_stage2,
+    get_method,
+)
 from trace_rl.metrics import tree_metrics
 from trace_rl.mixing import BraceConfig
-from trace_rl.plan import Request, plan_prefixes, plan_roots, prefix_candidates
+from trace_rl.plan import Planner, Request
 from trace_rl.predictor.base import KnowsPrompts, SuccessPredictor
 from trace_rl.token_budget import TokenCosts
 from trace_rl.tree import History, RolloutTree
@@ -298,27 +306,38 @@ class TreeRolloutCollector:
         self.method = config.spec
         self.rng = np.random.default_rng(seed)
         self.executor = executor if executor is not None else RolloutRunner(engine, tokenizer, env, config)
-        self.costs = TokenCosts(initial=float(config.max_new_tokens * env.max_turns)) if config.budget_unit == "tokens" else None
-        """Expected tokens per rollout under a token budget (before any is seen: its most, max_turns full turns)."""
-        self.evidence = Stage2Evidence() if self.method.stage2 is expand_stage2 else None
-        """Stage 2's evidence model: fitted and scored every batch, allocated with under `stage2_evidence`."""
+        self.planner = Planner(
+            self.method,
+            config.allocation(),
+            # under a token budget, before any rollout is seen a rollout costs its most: max_turns full turns
+            costs=TokenCosts(initial=float(config.max_new_tokens * env.max_turns)) if config.budget_unit == "tokens" else None,
+            # Stage 2's evidence model: fitted and scored every batch, allocated with under `stage2_evidence`
+            evidence=Stage2Evidence() if self.method.stage2 is expand_stage2 else None,
+            stage2_value="expected" if config.stage2_expected else "evidence" if config.stage2_evidence else "paper",
+        )
+
+    @property
+    def costs(self) -> TokenCosts | None:
+        """The planner's token costs (under a token budget)."""
+        return self.planner.costs
+
+    @property
+    def evidence(self) -> Stage2Evidence | None:
+        """The planner's Stage-2 evidence model (methods whose Stage 2 reads values)."""
+        return self.planner.evidence
+
+    @evidence.setter
+    def evidence(self, model: Stage2Evidence | None) -> None:
+        self.planner.evidence = model
 
     def state_dict(self) -> dict[str, Any]:
         """The sampling RNG (and the token costs and Stage-2 evidence learnt so far), so a resumed run
         draws what the unbroken one would have."""
-        state: dict[str, Any] = {"rng": self.rng.bit_generator.state}
-        if self.costs is not None:
-            state["costs"] = self.costs.state_dict()
-        if self.evidence is not None:
-            state["evidence"] = self.evidence.state_dict()
-        return state
+        return {"rng": self.rng.bit_generator.state, **self.planner.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rng.bit_generator.state = state["rng"]
-        if self.costs is not None and "costs" in state:
-            self.costs.load_state_dict(state["costs"])
-        if self.evidence is not None and "evidence" in state:  # checkpoints from before it have none
-            self.evidence.load_state_dict(state["evidence"])
+        self.planner.load_state_dict(state)
 
     # ------------------------------------------------------------------ the two stages
 
@@ -329,61 +348,39 @@ class TreeRolloutCollector:
         leaves they buy."""
         if not tasks:
             raise ValueError("collect() needs at least one task")
-        cfg, settings = self.config, self.config.allocation()
+        cfg = self.config
         batch = self._new_batch(tasks)
         budgets = len(tasks) if per_tree else 1  # one budget per tree, or one for the batch
-        fresh = None if self.costs is None else self.costs.fresh([task.task_id for task in tasks])
-
-        start = time.perf_counter()
         roots = [History(task.question, (), task.task_id) for task in tasks]
         evidence = self.predictor.evidence(roots) if isinstance(self.predictor, KnowsPrompts) else None
-        requests = plan_roots(self.method, settings, batch.trees, self.predictor.predict(roots), evidence, per_tree=per_tree, costs=fresh, rng=self.rng)
-        planned = 0.0 if fresh is None else sum(r.count * fresh[r.tree] for r in requests)
-        batch.timings["timing_s/alloc"] += time.perf_counter() - start
-        self._run(batch, requests)
-
-        to_roots = 0
-        if self.method.stage2 is not None and self.method.stage2_budget(settings) > 0:
-            start = time.perf_counter()
-            candidates = prefix_candidates(batch.trees, lambda tree, node: self._has_room(batch, tree, node))
-            histories = [batch.trees[tree].history(node) for tree, node in candidates]
-            v_pref = self.predictor.predict(histories) if candidates else np.zeros(0)
-            branch = None if self.costs is None else self.costs.continuation(batch.trees, candidates)
-            posterior = None
-            if cfg.stage2_evidence and self.evidence is not None:
-                value = self.evidence.expected if cfg.stage2_expected else self.evidence.adjust
-                posterior = value(batch.trees, candidates, v_pref, cfg.success_threshold)
-            requests = plan_prefixes(self.method, settings, batch.trees, candidates, v_pref, self.rng, per_tree=per_tree,
-                                     costs=branch, fresh_costs=fresh, allocate_with=posterior)
-            to_roots = sum(r.count for r in requests if r.node == 0)
-            if self.costs is not None:
-                cost_of = {c: k for k, c in enumerate(candidates)}
-                planned += sum(r.count * (fresh[r.tree] if r.node == 0 else branch[cost_of[(r.tree, r.node)]]) for r in requests)
-            batch.timings["timing_s/alloc"] += time.perf_counter() - start
+        can_expand = lambda tree, node: self._has_room(batch, tree, node)
+        for requests in self.planner.plan(batch.trees, self._values, self.rng, prompt_evidence=evidence, per_tree=per_tree, can_expand=can_expand):
             self._run(batch, requests)
 
         leaves = sum(int(tree.leaves().size) for tree in batch.trees)
-        evidence_stats = {} if self.evidence is None else self.evidence.observe(batch.trees, cfg.success_threshold)
-        if self.costs is not None:
-            self.costs.observe(batch.trees)
-        elif leaves != cfg.budget * budgets:  # a broken invariant is our bug, never a silent miscount
+        evidence_stats = self.planner.observe(batch.trees)
+        if self.costs is None and leaves != cfg.budget * budgets:  # a broken invariant is our bug, never a silent miscount
             raise AssertionError(f"collected {leaves} leaves for a budget of {cfg.budget * budgets}")
-        token_stats = {} if self.costs is None else {"rollout/tokens_planned": float(planned)}
         stats = {
             "rollout/budget": float(cfg.budget * budgets),
             "rollout/leaves": float(leaves),
             "rollout/stage1_budget": float(cfg.stage1_budget * budgets),
             "rollout/stage2_budget": float(cfg.stage2_budget * budgets),
-            "rollout/stage2_to_roots": float(to_roots),
             "rollout/tokens_generated": float(batch.tokens["generated"]),
             "rollout/tokens_observation": float(batch.tokens["observation"]),
             "rollout/tokens_prefill": float(batch.tokens["prefill"]),
             "rollout/tokens_prompt": float(sum(len(t.root.token_ids) for t in batch.trees if t.root.budget)),
-            **token_stats,
             **evidence_stats,
             **batch.timings,
+            **self.planner.stats,
         }
         return RolloutBatch(trees=batch.trees, stats=stats)
+
+    def _values(self, trees: Sequence[RolloutTree], queries: Sequence[tuple[int, int]]) -> np.ndarray:
+        """The predictor's estimates of (tree, node) queries: what the planner allocates from."""
+        if not queries:
+            return np.zeros(0)
+        return self.predictor.predict([trees[tree].history(node) for tree, node in queries])
 
     def sample(self, tasks: Sequence[Task], n: int, *, temperature: float | None = None) -> list[RolloutTree]:
         """`n` independent rollouts per task, no allocation and no Stage 2: evaluation and baselines.
