@@ -60,3 +60,28 @@ def test_a_progress_line_names_a_comparison_run_by_its_row_not_its_method() -> N
     # a variant of `trace` (tokens_paper's trace_tokens) read "seed_1 trace", like trace's own runs
     assert run_label(Path("runs/tokens_paper/trace_tokens/seed_1"), "trace") == "trace_tokens seed_1"
     assert run_label(Path("runs/demo"), "trace") == "demo trace"
+
+
+def test_a_long_phase_inside_a_step_is_said_beside_the_bar_and_in_the_log(tmp_path):
+    import io
+
+    from rich.progress import Progress
+    from test_train import scripted_parts, small_config
+
+    from trace_rl.progress import Bars
+    from trace_rl.run import build_trainer
+
+    log = io.StringIO()
+    with Progress(disable=True) as progress:
+        bars = Bars(progress, log=log, log_every_s=0.0)
+        task = bars.task("trace seed_0", total=2)
+        bars.note(task, "evaluation: 40/800 rollouts")
+    assert log.getvalue().startswith("trace seed_0: 0/2 ") and log.getvalue().rstrip().endswith("evaluation: 40/800 rollouts")
+
+    config = small_config(steps=1, eval_every=1, eval_samples=2)
+    trainer = build_trainer(config, scripted_parts(config, tmp_path / "cache"), tmp_path / "run")
+    phases: list[str] = []
+    trainer.run(on_phase=phases.append)
+    assert phases[:2] == ["step 1: rollouts", "step 1: update"]
+    evaluation = [p for p in phases if p.startswith("evaluation")]
+    assert evaluation and evaluation[-1] == f"evaluation: {3 * len(trainer.setup.test_tasks)}/{3 * len(trainer.setup.test_tasks)} rollouts"

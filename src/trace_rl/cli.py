@@ -209,7 +209,7 @@ def _compare(args: argparse.Namespace) -> int:
                     policy_source(start, progress=warm_start_progress(bar, start.sft.steps))
             starts = f" after {len(config.seeds)} evaluations of the starting policy" if config.evaluate_start else ""
             print(f"training {len(config.methods) * len(config.seeds)} runs{starts}, {config.workers} at a time (finished ones are skipped); "
-                  f"each run's progress is in its metrics.jsonl", file=sys.stderr)
+                  f"each run says where it is in a line a minute and logs its steps to its metrics.jsonl", file=sys.stderr)
             with _signals(stop, what="every run stops after its current step"):
                 summary = run_compare(config, args.out, _train_compare_run, stop=stop)
         else:
@@ -232,10 +232,15 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _train_compare_run(run, run_dir, stop=None, bar=None) -> None:
     """One comparison run; a run cut short earlier continues from its checkpoint (or its step 0)."""
+    from trace_rl.progress import progress_bar
     from trace_rl.run import train_run
     from trace_rl.rundir import RunDir
 
-    train_run(run, run_dir, resume=RunDir(run_dir).config_path.is_file(), bar=bar, stop=stop)
+    if bar is None:  # a worker process: plain lines (the workers share one terminal), one a minute
+        with progress_bar(plain=True, log_every_s=60.0) as lines:
+            train_run(run, run_dir, resume=RunDir(run_dir).config_path.is_file(), bar=lines, stop=stop)
+    else:
+        train_run(run, run_dir, resume=RunDir(run_dir).config_path.is_file(), bar=bar, stop=stop)
     if stop is None or not stop.requested:
         print(f"finished {run_dir}", file=sys.stderr, flush=True)
 

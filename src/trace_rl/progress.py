@@ -41,6 +41,16 @@ class Bars:
         if self.log is not None:
             self._log_line(task, completed, text)
 
+    def note(self, task: TaskID, text: str) -> None:
+        """Says what the task is doing now (a step's rollouts, an evaluation's progress) beside its bar,
+        so a long phase inside one step is visible; in a log, at most one line every `log_every_s`."""
+        self.progress.update(task, metrics=text)
+        if self.log is not None:
+            self._log_line(task, int(self.progress.tasks[self._index(task)].completed), text)
+
+    def _index(self, task: TaskID) -> int:
+        return next(i for i, t in enumerate(self.progress.tasks) if t.id == task)
+
     def _log_line(self, task: TaskID, completed: int, text: str) -> None:
         state, now = self._tasks[task], time.monotonic()
         done = completed >= state["total"]
@@ -79,7 +89,9 @@ def warm_start_progress(bars: Bars | None, total: int) -> Callable[[int, float],
 
 
 @contextmanager
-def progress_bar(*, log_every_s: float = 15.0) -> Iterator[Bars]:
+def progress_bar(*, log_every_s: float = 15.0, plain: bool = False) -> Iterator[Bars]:
+    """Live bars on a terminal, plain lines elsewhere; `plain` forces the lines (a comparison's worker
+    processes, which share one terminal)."""
     console = Console(file=sys.stderr)
     columns = (
         TextColumn("[bold]{task.description}"),
@@ -89,5 +101,6 @@ def progress_bar(*, log_every_s: float = 15.0) -> Iterator[Bars]:
         TimeRemainingColumn(),
         TextColumn("{task.fields[metrics]}"),
     )
-    with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
-        yield Bars(progress, log=None if console.is_terminal else sys.stderr, log_every_s=log_every_s)
+    live = console.is_terminal and not plain
+    with Progress(*columns, console=console, disable=not live) as progress:
+        yield Bars(progress, log=None if live else sys.stderr, log_every_s=log_every_s)

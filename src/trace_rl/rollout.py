@@ -29,7 +29,7 @@ from __future__ import annotations
 import importlib.util
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -382,10 +382,13 @@ class TreeRolloutCollector:
             return np.zeros(0)
         return self.predictor.predict([trees[tree].history(node) for tree, node in queries])
 
-    def sample(self, tasks: Sequence[Task], n: int, *, temperature: float | None = None) -> list[RolloutTree]:
+    def sample(
+        self, tasks: Sequence[Task], n: int, *, temperature: float | None = None, progress: Callable[[int, int], None] | None = None
+    ) -> list[RolloutTree]:
         """`n` independent rollouts per task, no allocation and no Stage 2: evaluation and baselines.
 
         `temperature` overrides the config's (0 = greedy, which makes the n rollouts identical).
+        `progress(done, total)` is called with the rollouts finished after each wave.
         """
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
@@ -397,6 +400,8 @@ class TreeRolloutCollector:
                 tree.root.budget = n
             self._run(batch, [Request(index, 0, n) for index in range(len(batch.trees))], temperature=temperature)
             trees += batch.trees
+            if progress is not None:
+                progress(len(trees) * n, len(tasks) * n)
         return trees
 
     def _new_batch(self, tasks: Sequence[Task]) -> Batch:

@@ -590,7 +590,11 @@ def train_run(
             if bar is not None:
                 bar.update(steps_bar, step, headline(metrics))
 
-        trainer.run(on_step=on_step, stop=stop)
+        def on_phase(text: str) -> None:
+            if bar is not None:
+                bar.note(steps_bar, text)
+
+        trainer.run(on_step=on_step, stop=stop, on_phase=on_phase)
     return trainer
 
 

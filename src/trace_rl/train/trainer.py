@@ -138,7 +138,9 @@ class TrainConfig:
         return lambda trees: estimate(trees, **self.advantage_options)
 
 
-def held_out_accuracy(collector: TreeRolloutCollector, tasks: Sequence[Task], samples: int) -> dict[str, float]:
+def held_out_accuracy(
+    collector: TreeRolloutCollector, tasks: Sequence[Task], samples: int, progress: Callable[[int, int], None] | None = None
+) -> dict[str, float]:
     """Greedy accuracy (one rollout per task) and sampled accuracy (`samples` per task, at the
     collector's temperature), with the sampled figure's standard errors:
 
@@ -146,10 +148,13 @@ def held_out_accuracy(collector: TreeRolloutCollector, tasks: Sequence[Task], sa
       sqrt(Σ_q s_q² / k) / Q with s_q² each task's unbiased variance over its k samples (0 for k = 1);
     - `val/accuracy_sampled_se_tasks`: the spread over tasks, std(per-task accuracy) / sqrt(Q), what
       another draw of Q tasks would add.
+
+    `progress(done, total)` hears the rollouts finished, greedy and sampled together.
     """
     begin = time.perf_counter()
-    greedy = collector.sample(tasks, 1, temperature=0.0)
-    sampled = collector.sample(tasks, samples)
+    total = len(tasks) * (1 + samples)
+    greedy = collector.sample(tasks, 1, temperature=0.0, progress=None if progress is None else lambda done, _: progress(done, total))
+    sampled = collector.sample(tasks, samples, progress=None if progress is None else lambda done, _: progress(len(tasks) + done, total))
     per_task = np.array([t.leaf_rewards().mean() for t in sampled])
     within = np.array([t.leaf_rewards().var(ddof=1) if samples > 1 else 0.0 for t in sampled])
     return {
@@ -200,6 +205,8 @@ class Trainer:
         self.cfg = config
         self.setup = setup
         self.run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+        self.on_phase: Callable[[str], None] | None = None
+        """Hears what a step is doing (`run(on_phase=)`)."""
         self.method = setup.method
         self.estimator = config.estimator(setup.method)
         self.model = setup.model
@@ -222,9 +229,13 @@ class Trainer:
         *,
         on_step: Callable[[int, dict[str, float]], None] | None = None,
         stop: StopRequest | None = None,
+        on_phase: Callable[[str], None] | None = None,
     ) -> list[dict[str, float]]:
         """Train up to `config.steps`; with `stop` set (a signal), stop at the next step boundary, after
-        a checkpoint of the last step done (so no finished step is lost), and return."""
+        a checkpoint of the last step done (so no finished step is lost), and return. `on_phase(text)`
+        hears what a step is doing (its rollouts, its update, an evaluation's progress): a step of a
+        real model can take minutes."""
+        self.on_phase = on_phase
         self._open_writers()
         history = []
         if stop is not None:
@@ -254,6 +265,7 @@ class Trainer:
         start = time.perf_counter()
         setup = self.setup
         version = setup.engine.weight_version
+        self._phase(f"step {self.step + 1}: rollouts")
         trees, collected, stats = self._collect()
         metrics: dict[str, float] = {"step": float(self.step + 1), **stats, **tree_metrics(collected)}
         metrics["rollout/weight_version"] = float(version)
@@ -262,6 +274,7 @@ class Trainer:
         metrics.update(self.references.score(collected))
 
         begin = time.perf_counter()
+        self._phase(f"step {self.step + 1}: update")
         advantages = self.estimator(trees)
         metrics.update(advantage_metrics(trees, advantages))
         sequences = tree_sequences(trees, advantages)
@@ -469,7 +482,14 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation
 
     def evaluate(self) -> dict[str, float]:
-        return held_out_accuracy(self.setup.collector, self.setup.test_tasks, self.cfg.eval_samples)
+        def progress(done: int, total: int) -> None:
+            self._phase(f"evaluation: {done}/{total} rollouts")
+
+        return held_out_accuracy(self.setup.collector, self.setup.test_tasks, self.cfg.eval_samples, progress)
+
+    def _phase(self, text: str) -> None:
+        if self.on_phase is not None:
+            self.on_phase(text)
 
     # ------------------------------------------------------------------ checkpoints and logs
 
