@@ -151,3 +151,18 @@ def test_a_config_naming_the_users_task_trains_through_the_cli_and_compare_with_
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads((tmp_path / "cmp" / "summary.json").read_text())
     assert set(summary["methods"]) == {"grpo", "trace"}
+
+
+def test_the_warm_start_is_its_own_cached_step(tmp_path, monkeypatch, capsys):
+    from trace_rl.cli import main
+
+    monkeypatch.setenv("TRACE_RL_CACHE", str(tmp_path / "cache"))
+    argv = ["warm-start", "--config", str(REPO / "configs/smoke.yaml"), "sft.steps=4", "sft.demos=8"]
+    assert main(argv) == 0
+    made = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert Path(made["policy"]).is_dir() and made["trained_steps"] == 4
+    assert main(argv) == 0
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert again == {**made, "trained_steps": 0}  # cached: train and compare find it so
+    assert main(["warm-start", "--config", str(REPO / "configs/smoke.yaml"), "model.warm_start=false", "model.name=smollm2-135m"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["policy"] == "smollm2-135m"

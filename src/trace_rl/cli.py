@@ -138,6 +138,27 @@ def _rollout(args: argparse.Namespace) -> int:
     return 0
 
 
+def _warm_start(args: argparse.Namespace) -> int:
+    """The warm start as its own step: `train` and `compare` run it first and find it cached."""
+    from trace_rl.config import load_config
+    from trace_rl.progress import progress_bar, warm_start_progress
+    from trace_rl.run import RunConfig, check_trainable, policy_source
+
+    config = load_config(RunConfig, args.config, args.overrides)
+    check_trainable(config)
+    trained: list[int] = []
+    with _signals(), progress_bar() as bar:
+        show = warm_start_progress(bar, config.sft.steps)
+
+        def progress(step: int, loss: float) -> None:
+            trained.append(step)
+            show(step, loss)
+
+        policy = policy_source(config, progress=progress)
+    print(json.dumps({"policy": policy, "warm_start": config.model.warm_start, "trained_steps": len(trained)}))
+    return 0
+
+
 def _train(args: argparse.Namespace) -> int:
     from trace_rl.rundir import RunDir
 
@@ -312,6 +333,11 @@ def build_parser() -> argparse.ArgumentParser:
     verl_data.add_argument("--out", required=True, help="folder for train.parquet and test.parquet")
     verl_data.add_argument("overrides", nargs="*", help="dotted key=value overrides, as verl's +trace_rl.overrides")
     verl_data.set_defaults(func=_verl_data)
+
+    warm = commands.add_parser("warm-start", help="make (or find cached) the warm-started policy a run config starts from")
+    warm.add_argument("--config", help="YAML run config (see configs/)")
+    warm.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. sft.steps=300")
+    warm.set_defaults(func=_warm_start)
 
     train = commands.add_parser("train", help="train a policy (warm start, then RL with the configured method)")
     train.add_argument("--config", help="YAML run config (see configs/)")

@@ -352,8 +352,10 @@ def run_label(path: Path, method: str) -> str:
 
 
 def build_parts(config: RunConfig, *, progress: Callable[[int, float], None] | None = None, run_dir: Path | None = None) -> Parts:
-    """Load the task splits, build the env, load (and warm-start) the policy, and wire the collector.
-    `run_dir`: the folder the run writes (a warm bank never reads it)."""
+    """Load the task splits, build the env, load the policy and wire the collector. The policy is what
+    `policy_source` gives: the warm start, made here after every check that needs no model, unless
+    cached (`trace-rl warm-start` makes it ahead, as its own step). `run_dir`: the folder the run
+    writes (a warm bank never reads it)."""
     import torch
 
     from trace_rl.models import load_policy
@@ -482,6 +484,7 @@ def policy_source(
     `demos`, if not cached) or `model.name`."""
     if not config.model.warm_start:  # ModelConfig refuses an untrained tiny model
         return config.model.name
+    check_search_server(config.task)  # demonstrations search too: never train on a dead server's errors
     if demos is None:
         demos = task_splits(config)[0]
     from trace_rl.models import TinyConfig
