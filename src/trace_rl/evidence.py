@@ -61,7 +61,7 @@ def bare_evidence(trees: Sequence[RolloutTree], prefixes: Sequence[tuple[int, in
     depth, outcome, successes, count = [], [], [], []
     for index, node_id in prefixes:
         if index not in per_tree:
-            per_tree[index] = _bare(trees[index], threshold)
+            per_tree[index] = bare_outcomes(trees[index], threshold)
         through, wins, total = per_tree[index]
         depth.append(trees[index].nodes[node_id].depth)
         outcome.append(through.get(node_id, 0.0))  # no finished bare rollout below: a failure, as the planner reads it
@@ -70,7 +70,7 @@ def bare_evidence(trees: Sequence[RolloutTree], prefixes: Sequence[tuple[int, in
     return Evidence(*(np.asarray(a, dtype=np.float64) for a in (depth, outcome, successes, count)))
 
 
-def _bare(tree: RolloutTree, threshold: float) -> tuple[dict[int, float], float, int]:
+def bare_outcomes(tree: RolloutTree, threshold: float) -> tuple[dict[int, float], float, int]:
     """(outcome of the first bare rollout through each node, bare successes, bare count)."""
     through: dict[int, float] = {}
     wins, total = 0.0, 0

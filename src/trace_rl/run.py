@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import glob
 import re
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -286,10 +285,8 @@ def build_predictor(config: RunConfig, train: TaskSet | None = None, *, own: Pat
     bank = BraceBank(decay=brace.decay, cycle_steps=max(1.0, pool / config.prompts_per_step), concentration=brace.concentration)
     if brace.warm_bank:
         patterns = [pattern.replace("{seed}", str(config.seed)) for pattern in brace.warm_bank]
-        folders = [p for pattern in patterns for p in (sorted(glob.glob(pattern)) or [pattern])]
-        folders = [p for p in folders if own is None or Path(p).resolve() != own.resolve()]
         tasks = None if train is None else {t.task_id for t in train.tasks}
-        bank.add_bank(bank_counts(folders, config.rollout.success_threshold, tasks=tasks),
+        bank.add_bank(bank_counts(patterns, config.rollout.success_threshold, tasks=tasks, exclude=own),
                       cap_successes=brace.warm_cap_successes, cap_failures=brace.warm_cap_failures)
     return bank
 

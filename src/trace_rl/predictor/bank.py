@@ -31,9 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from trace_rl.evidence import bare_outcomes
 from trace_rl.mixing import PUBLISHED_CONCENTRATION, fit_concentration
 from trace_rl.predictor.base import PromptEvidence, check_training_batch
-from trace_rl.tree import History, RolloutTree, read_jsonl
+from trace_rl.tree import History, read_jsonl
 
 
 class BraceBank:
@@ -126,28 +127,28 @@ class BraceBank:
         self._groups = np.asarray(state["groups"], dtype=np.float64).reshape(-1, 4)
 
 
-def bank_counts(paths: Iterable[str | Path], threshold: float, *, tasks: set[str] | None = None) -> dict[str, tuple[float, float]]:
+def bank_counts(
+    paths: Iterable[str | Path], threshold: float, *, tasks: set[str] | None = None, exclude: Path | None = None
+) -> dict[str, tuple[float, float]]:
     """(successes, failures) per task id over the bare rollouts saved by earlier runs: every
-    `trees/step_*.jsonl` under each run folder (glob patterns allowed), restricted to `tasks` if given.
-    Continuations are left out: they started from prefixes a method chose, not from the prompt."""
+    `trees/step_*.jsonl` under each run folder (glob patterns allowed; `exclude`, the run's own folder,
+    never read), restricted to `tasks` if given. Continuations are left out: they started from prefixes
+    a method chose, not from the prompt (`evidence.bare_outcomes`)."""
     counts: dict[str, list[float]] = {}
     folders = sorted({Path(p) for pattern in paths for p in (glob.glob(str(pattern)) or [pattern])})
     for folder in folders:
-        files = sorted((Path(folder) / "trees").glob("step_*.jsonl"))
+        if exclude is not None and folder.resolve() == exclude.resolve():
+            continue
+        files = sorted((folder / "trees").glob("step_*.jsonl"))
         if not files:
             raise ValueError(f"warm bank {folder}: no trees/step_*.jsonl (a run folder of trace-rl train with train.save_trees)")
         for path in files:
             for tree in read_jsonl(path):
-                _count_bare(tree, threshold, counts, tasks)
+                if tasks is not None and tree.task_id not in tasks:
+                    continue
+                _, wins, total = bare_outcomes(tree, threshold)
+                if total:
+                    entry = counts.setdefault(tree.task_id, [0.0, 0.0])
+                    entry[0] += wins
+                    entry[1] += total - wins
     return {k: (v[0], v[1]) for k, v in counts.items()}
-
-
-def _count_bare(tree: RolloutTree, threshold: float, counts: dict[str, list[float]], tasks: set[str] | None) -> None:
-    if tasks is not None and tree.task_id not in tasks:
-        return
-    for leaf in tree.leaves():
-        node = tree.nodes[int(leaf)]
-        if node.rollout_start != 0 or node.reward is None:
-            continue
-        entry = counts.setdefault(tree.task_id, [0.0, 0.0])
-        entry[0 if node.reward > threshold else 1] += 1.0
