@@ -16,7 +16,7 @@ TRL_STAMP  := $(TRL_VENV)/.installed
 RAY_STAMP  := $(RAY_VENV)/.installed
 VERL_STAMP := $(VERL_VENV)/.installed
 # The extras each venv installs (a computed name: extras<venv folder>).
-extras.venv     := agent,models,data,report,dev
+extras.venv     := agent,models,data,report,docs,dev
 extras.venv-trl := agent,models,trl,dev
 extras.venv-ray := agent,models,ray,dev
 extras.venv-verl := agent,models,verl,dev
@@ -25,7 +25,7 @@ extras.venv-verl := agent,models,verl,dev
 # keep a 2-core machine busy; whole files go to one worker so module fixtures are built once.
 TEST_WORKERS ?= 2
 
-.PHONY: venv test test-slow test-trl test-ray test-verl demo compare bench clean
+.PHONY: venv test test-slow test-trl test-ray test-verl demo compare bench docs clean
 
 $(STAMP) $(TRL_STAMP) $(RAY_STAMP) $(VERL_STAMP): %/.installed: pyproject.toml
 	test -x $*/bin/python || $(PY) -m venv $*
@@ -57,6 +57,10 @@ test-ray: $(RAY_STAMP)
 test-verl: $(VERL_STAMP)
 	$(VERL_VENV)/bin/python -m pytest -m verl
 
+# The documentation site into site/ (mkdocs.yml; strict: a broken link or a bad page fails the build).
+docs: $(STAMP)
+	PYTHONPATH=src $(BIN)/mkdocs build --strict
+
 # Warm start (cached after the first run) + TRACE training of the tiny policy, then the HTML report.
 demo: $(STAMP)
 	@scripts/system_packages.sh bubblewrap
@@ -74,4 +78,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/prefix_reuse.py
 
 clean:
-	rm -rf $(VENV) $(TRL_VENV) $(RAY_VENV) $(VERL_VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(TRL_VENV) $(RAY_VENV) $(VERL_VENV) build site src/*.egg-info .pytest_cache

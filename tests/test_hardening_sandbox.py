@@ -1,4 +1,4 @@
-"""The sandbox where bubblewrap is missing (simulated with a PATH that has no `bwrap`): the README's
+"""The sandbox where bubblewrap is missing (simulated with a PATH that has no `bwrap`): the documented
 fallback is reachable from the run config and from `trace-rl tasks`, and a machine that cannot run
 model code gets a one-line error saying what to do, before any work. Issue 12, defect class 7."""
 

@@ -437,7 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except SandboxUnavailable as exc:  # this machine cannot run model code: say which setting helps
         where = "--sandbox-python PATH or --sandbox-isolation" if args.command == "tasks" else "task.sandbox.python=PATH or task.sandbox.isolation"
-        print(f"trace-rl {args.command}: {exc}. Choose the sandbox with {where} (README: The sandbox)", file=sys.stderr)
+        print(f"trace-rl {args.command}: {exc}. Choose the sandbox with {where} (docs/reliability.md, 'The sandbox')", file=sys.stderr)
         return 2
 
 

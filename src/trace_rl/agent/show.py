@@ -91,7 +91,7 @@ def evaluate_taskset(
     if taskset.oracle is not None:
         oracle = OracleAgent(taskset.oracle, env.format)
         oracle_episodes = [run_episode(env, task, oracle, seed=seed) for task in taskset.tasks]
-    agent = RandomAgent.for_corpus(env.format, taskset.corpus)
+    agent = RandomAgent.for_corpus(env.format, taskset.corpus, specs={name: tool.spec for name, tool in env.tools.items()})
     random_rewards = [
         run_episode(env, task, agent, seed=seed + i * random_seeds + j).reward
         for i, task in enumerate(taskset.tasks)

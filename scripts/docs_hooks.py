@@ -1,0 +1,92 @@
+"""MkDocs hooks (mkdocs.yml `hooks:`): one results page per committed comparison, made at build time.
+
+Each `docs/results/<name>/` exported by `scripts/results.py export` holds `summary.json` (what
+`trace-rl compare` wrote, recomputed from the copied runs), `compare.yaml` (whose opening comment says
+what the comparison asks and what it found), `command.txt` and `plots/`. The page for it is generated
+from those files alone, `results/<name>.md`, and added to the nav under "Results", so a page can only
+say what the committed files say and never drifts from them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mkdocs.structure.files import File, Files
+
+from trace_rl.compare import summary_table
+
+PLOT_TITLES = {
+    "accuracy": "Held-out accuracy by step",
+    "accuracy_vs_rollouts": "Held-out accuracy against rollouts spent",
+    "reward": "Training reward",
+    "effective_ratio": "Effective ratio (share of sampled prompts whose group mixes)",
+    "mixed_budget_share": "Budget share in mixed groups",
+    "per_ktoken": "Mixed prompts and leaves per 1,000 generated tokens",
+    "calibration": "Predictor calibration",
+    "calibration_census": "Predictor calibration on every rollout",
+}
+
+
+def comparisons(docs_dir: Path) -> list[Path]:
+    """The exported comparisons under docs/results, by name."""
+    return sorted(p.parent for p in (docs_dir / "results").glob("*/summary.json"))
+
+
+def about(compare_yaml: Path) -> list[str]:
+    """The paragraphs of a compare config's opening comment (its commands left out: the page shows them)."""
+    paragraphs, current = [], []
+    for line in compare_yaml.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        text = line[1:].strip()
+        if text.startswith(("trace-rl ", "python ")):
+            continue
+        if text.startswith("- ") and current:  # a list item starts its own paragraph
+            paragraphs.append(" ".join(current))
+            current = []
+        if text:
+            current.append(text)
+        elif current:
+            paragraphs.append(" ".join(current))
+            current = []
+    if current:
+        paragraphs.append(" ".join(current))
+    return paragraphs
+
+
+def page(folder: Path) -> str:
+    """The Markdown of one comparison's page, from its committed files."""
+    summary = json.loads((folder / "summary.json").read_text())
+    steps = summary["config"]["run"]["train"]["steps"]
+    commands = (folder / "command.txt").read_text().strip()
+    parts = [f"# {folder.name}", "", *[p + "\n" for p in about(folder / "compare.yaml")]]
+    parts += ["## Command", "", "```bash", commands, "```", "",
+              f"{steps} training steps a run. The files, with every run's config and per-step log: "
+              f"`docs/results/{folder.name}/` in the repository; `python scripts/results.py reproduce` reruns a run's first steps.",
+              "", "## Table", "", summary_table(summary), ""]
+    plots = sorted((folder / "plots").glob("*.png"))
+    if plots:
+        parts += ["## Plots", ""]
+        for plot in plots:
+            title = PLOT_TITLES.get(plot.stem, plot.stem.replace("_", " "))
+            parts += [f"### {title}", "", f"![{title}]({folder.name}/plots/{plot.name})", ""]
+    return "\n".join(parts)
+
+
+def on_config(config):
+    """List the generated pages in the nav, under "Results", after the hand-written ones."""
+    docs = Path(config["docs_dir"])
+    entries = [{folder.name: f"results/{folder.name}.md"} for folder in comparisons(docs)]
+    for section in config["nav"]:
+        if isinstance(section, dict) and "Results" in section:
+            section["Results"] = [*section["Results"], {"Comparisons": entries}]
+            return config
+    raise ValueError("mkdocs.yml's nav has no 'Results' section for the generated comparison pages")
+
+
+def on_files(files: Files, config) -> Files:
+    docs = Path(config["docs_dir"])
+    for folder in comparisons(docs):
+        files.append(File.generated(config, f"results/{folder.name}.md", content=page(folder)))
+    return files
