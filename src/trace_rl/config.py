@@ -500,10 +500,14 @@ class ModelConfig:
     lora_alpha: int = 16
     """LoRA scale numerator (the adapters' output is scaled by alpha / rank)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Dtype the RL policy's weights are loaded in (the update and the `hf` engine share them)."""
     device: str = "cpu"
+    """Torch device of the policy (`cpu`, `cuda`, `cuda:<index>` or `mps`); checked to exist when the config loads."""
     engine: Literal["hf", "openai"] = "hf"
     """`hf`: transformers in this process; `openai`: a vLLM / SGLang server at `server_urls`."""
     server_urls: list[str] = field(default_factory=list)
+    """Base URLs of the OpenAI-compatible servers of `engine: openai` (a bare `http://host:port` gets `/v1`);
+    each tree's requests go to one of them, so its branches share that server's prefix cache."""
     server_timeout_s: float = 600.0
     """Deadline for one attempt at a server request, from connecting to the reply's last byte."""
     server_retries: int = 2
@@ -596,11 +600,15 @@ class TaskConfig:
     test_tasks: int | None = 128
     """Held-out tasks for evaluation (None: all)."""
     format: Literal["tag", "json"] = "tag"
+    """ReAct turn format (`trace_rl.agent.protocol`): `tag`, Search-R1 style tags such as `<search>…</search>`;
+    `json`, Qwen / Hermes style `<tool_call>` JSON."""
     max_turns: int = 5
+    """Turns an episode may take; one that has not answered by then ends with reward 0."""
     topk: int = 2
     """Passages per search. Two keep the `multihop` oracle at 100% and make search results about 30%
     shorter than three (whole demonstrations and rollout contexts about 20%)."""
     max_observation_chars: int = 1500
+    """A tool's reply longer than this is cut, with a marker saying how much was cut, so it cannot flood the context."""
     search_url: str | None = None
     """A Search-R1 / verl retrieval server instead of the local BM25 index."""
     seed: int = 0

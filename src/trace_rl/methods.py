@@ -168,16 +168,22 @@ class MethodSpec:
     """What one method does; see the module docstring."""
 
     name: str
+    """What `rollout.method` and a comparison's rows call it."""
     stage1: Stage1Allocator
+    """Stage 1: how the budget (or its Stage-1 share) is split over the candidate prompts as bare rollouts."""
     stage2: Stage2Allocator | None
-    """None: no Stage 2, the whole budget goes to bare rollouts."""
+    """Stage 2: how the rest is spent as continuations from the bare rollouts' prefixes; None: no Stage 2,
+    the whole budget goes to bare rollouts."""
     estimator: str
     """Advantage estimator (`trace_rl.advantage.ESTIMATORS`) unless `train.advantage` names another."""
     predictor: PredictorKind
+    """The success predictor the run trains and its allocators read (`trace_rl.predictor.PREDICTORS`)."""
     resample: Literal["dapo"] | None
     """`dapo`: drop groups whose rewards all agree and sample more prompts until the batch is full."""
     description: str
+    """One line on what the method does, for `trace-rl methods` and the docs."""
     source: str
+    """The paper or code the method comes from."""
 
     @property
     def uses_values(self) -> bool:

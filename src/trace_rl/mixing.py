@@ -57,8 +57,9 @@ class BraceConfig:
     """Run folders (glob patterns allowed; `{seed}` is the run's seed) of earlier runs on the same tasks,
     whose saved trees start the counts; empty: every prompt starts at Beta(1, 1)."""
     warm_cap_successes: float = 20.0
+    """Most successes the warm bank may give one prompt."""
     warm_cap_failures: float = 40.0
-    """Most successes / failures the warm bank may give one prompt."""
+    """Most failures the warm bank may give one prompt."""
     concentration: float | None = None
     """ν of the group model to use throughout; None: fitted on the run's own groups, starting at BRACE's 0.285."""
     exclude_certified: bool = True

@@ -102,7 +102,9 @@ class RolloutConfig:
     max_context_tokens: int = 2048
     """A rollout whose context would grow past this ends (reward 0) instead of overflowing the model."""
     temperature: float = 1.0
+    """Sampling temperature of the rollouts and of the sampled held-out evaluation (0: greedy)."""
     top_p: float = 1.0
+    """Nucleus sampling: each token is drawn from the smallest set of tokens holding this much probability (1: all)."""
     success_threshold: float = 0.5
     """A leaf counts as a success for Stage 2's observed outcome r when its reward exceeds this."""
     env_workers: int = 4

@@ -60,8 +60,11 @@ class TrainConfig:
     """The policy update, evaluation and bookkeeping."""
 
     steps: int = 20
+    """RL steps: each samples one batch of rollout trees and updates the policy on it."""
     lr: float = 5e-5
+    """AdamW learning rate of the RL update (constant, no schedule)."""
     weight_decay: float = 0.0
+    """AdamW weight decay of the RL update."""
     epochs: int = 1
     """Passes over each step's data (PPO epochs)."""
     mini_batches: int = 2
@@ -77,7 +80,9 @@ class TrainConfig:
     sequence tokens. `per_leaf`: one padded row per leaf sequence (a tree's prompt and shared turns
     recomputed per leaf); mini-batches of sequences, `micro_batch_size` rows per micro-batch."""
     clip_low: float = 0.2
+    """PPO clip below: the importance ratio is clipped at 1 - clip_low."""
     clip_high: float = 0.28
+    """PPO clip above: the ratio is clipped at 1 + clip_high (above clip_low: DAPO's clip-higher)."""
     kl_coef: float = 0.0
     """KL to the starting policy (k3 estimator); 0 turns the reference model off."""
     grad_clip: float = 1.0
@@ -99,9 +104,13 @@ class TrainConfig:
     where it began (as transformers' `eval_on_start`). It draws from the sampling RNG, so a run with it
     does not repeat one without it step by step. `compare` evaluates each seed's start once itself."""
     checkpoint_every: int = 5
+    """Save a checkpoint (weights, optimiser, predictor, RNG states) every this many steps and after the
+    last, so `trace-rl train --resume` continues from it."""
     dapo_max_rounds: int = 4
     """DAPO dynamic sampling: at most this many collection rounds per step to fill the batch."""
     save_trees: bool = True
+    """Write each step's rollout trees to the run folder (`trees/`), which the report's tree viewer and
+    `rollout.brace.warm_bank` read."""
     tensorboard: bool = False
     """Also write TensorBoard events (needs the `tensorboard` package)."""
     wandb_project: str | None = None

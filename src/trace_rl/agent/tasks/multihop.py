@@ -174,11 +174,17 @@ class WorldConfig:
     """How big the world is and how confusing its names are."""
 
     people: int = 150
+    """People in the world (at least 2, as for every kind of entity)."""
     companies: int = 60
+    """Companies in the world."""
     cities: int = 48
+    """Cities in the world (at least `countries`)."""
     countries: int = 12
+    """Countries in the world."""
     universities: int = 20
+    """Universities in the world."""
     rivers: int = 16
+    """Rivers in the world."""
     twin_fraction: float = 0.3
     """Share of people, companies, cities and universities that come as a pair of confusable names."""
     split_fraction: float = 0.35
