@@ -570,7 +570,7 @@ class ModelConfig:
 
 @dataclass
 class SandboxConfig:
-    """Where the `python` tool runs model-written code (`trace_rl.agent.sandbox`; README, "The sandbox")."""
+    """Where the `python` tool runs model-written code (`trace_rl.agent.sandbox`; docs/reliability.md, "The sandbox")."""
 
     isolation: Literal["auto", "bwrap", "rlimits"] = "auto"
     """`bwrap`: namespaces via bubblewrap; `rlimits`: the weaker fallback (resource limits and, as root,
