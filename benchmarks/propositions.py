@@ -32,6 +32,7 @@ import numpy as np
 import yaml
 
 from trace_rl.predictor import HashedNgramPredictor, PredictorConfig, backup_targets
+from trace_rl.rundir import read_metrics
 from trace_rl.tree import History, RolloutTree, read_jsonl
 
 BINS = (0.0, 0.05, 0.10, 0.15, 0.20, 0.2501)
@@ -114,7 +115,7 @@ def allocation(run_dirs: Sequence[Path]) -> dict[str, dict[str, float]]:
     by_method: dict[str, list[dict[str, float]]] = defaultdict(list)
     for run_dir in run_dirs:
         method = yaml.safe_load((run_dir / "config.yaml").read_text())["rollout"]["method"]
-        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        records = read_metrics(run_dir / "metrics.jsonl")
         steps = [r for r in records if r.get("step", 0) > 0 and "tree/effective_ratio" in r]
         by_method[method].append({k: float(np.mean([r[f"tree/{k}"] for r in steps])) for k in ("effective_ratio", "mixed_budget_share")})
     return {m: {k: float(np.mean([run[k] for run in runs])) for k in runs[0]} | {"runs": len(runs)} for m, runs in by_method.items()}

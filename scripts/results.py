@@ -6,11 +6,14 @@ results section from those files.
     python scripts/results.py reproduce docs/results/paper_main/trace/seed_0 --commit f6b809b --steps 2
     python scripts/results.py signal            # which allocation figure goes with held-out gain, over every folder
     python scripts/results.py trees runs/paper_main --out docs/results/paper_main/trees.json   # figures from saved trees
+    python scripts/results.py pack              # every folder under docs/results: run logs into runs.tar.xz, plots smaller
 
 An exported folder holds what it takes to check or redo every number: the compare config and the
 command, `summary.json` / `summary.md` as `trace-rl compare` wrote them (recomputed from the copied
-runs), each run's `config.yaml`, `metrics.jsonl` and `code.json` at `<method>/seed_<k>/` (no checkpoints, no
-trees), and the plots. The README's tables are `trace_rl.compare.summary_table` of each
+runs), each run's `config.yaml` at `<method>/seed_<k>/` with its `metrics.jsonl` and `code.json` packed
+into the folder's `runs.tar.xz` (`pack`: `tar -xJf runs.tar.xz` puts them back; every reader here and in
+trace_rl takes either form, `trace_rl.rundir.read_run_file`; no checkpoints, no trees), and the plots, as
+256-colour PNGs. The README's tables are `trace_rl.compare.summary_table` of each
 `summary.json`, so a table can only say what the files say. `reproduce` reruns a run folder's first
 steps with the code it was made with and checks that they give the numbers it recorded. `signal` reads
 every committed run at once and asks which per-step figure of the allocation goes with learning.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import math
 import shutil
@@ -36,7 +40,16 @@ from trace_rl.compare import CompareConfig, summarise, summary_table
 from trace_rl.config import load_config
 from trace_rl.metrics import agreeing_budget
 from trace_rl.report.plots import find_runs, plot_path
-from trace_rl.rundir import START, RunDir, code_at, read_metrics, train_with
+from trace_rl.rundir import (
+    START,
+    RunDir,
+    code_at,
+    pack_runs,
+    read_metrics,
+    read_run_file,
+    run_file_exists,
+    train_with,
+)
 from trace_rl.tree import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,19 +65,52 @@ def export(run_dir: Path, dest: Path, config_path: Path) -> dict:
     if not (dest / "command.txt").exists():  # once written (and often annotated: commits, seeds run apart), it is the record
         (dest / "command.txt").write_text(f"trace-rl compare --config {config_path.as_posix()} --out {run_dir.as_posix()}\n")
     for run in sorted(run_dir.glob("*/seed_*")):
-        if not (run / "metrics.jsonl").is_file():
+        if not run_file_exists(run / "metrics.jsonl"):
             continue
         target = dest / run.relative_to(run_dir)
         target.mkdir(parents=True, exist_ok=True)
         for name in ("config.yaml", "metrics.jsonl", "code.json"):
             source, copy = run / name, target / name
-            if source.is_file() and not (copy.exists() and copy.samefile(source)):  # re-exporting from the copy itself
-                shutil.copyfile(source, copy)
+            if copy.exists() and source.exists() and copy.samefile(source):  # re-exporting from the copy itself
+                continue
+            if run_file_exists(source):  # a run of a packed folder comes out of its runs.tar.xz
+                copy.write_bytes(read_run_file(source))
     summary = summarise(dest, config)  # from the copies: the committed files reproduce the table
     (dest / "summary.json").write_text(json.dumps(summary, indent=1))
     (dest / "summary.md").write_text(summary_table(summary))
     plot_path(dest, dest / "plots")
+    pack(dest)
     return summary
+
+
+def pack(folder: Path) -> dict:
+    """Make a results folder lean, losing no number: its runs' `metrics.jsonl` and `code.json` go into
+    `runs.tar.xz` (`trace_rl.rundir.pack_runs`) and its plots become 256-colour PNGs (`shrink_plots`).
+    Packing a packed folder changes nothing; the same runs give the same bytes. Returns what was done."""
+    archive = pack_runs(folder)
+    return {"folder": str(folder), "archive": str(archive) if archive else None, "plots": [str(p) for p in shrink_plots(folder)]}
+
+
+def shrink_plots(folder: Path) -> list[Path]:
+    """Re-encode the PNGs in `folder/plots` with a palette of 256 colours (Pillow's octree, no dithering):
+    a third of the bytes of matplotlib's 8-bit RGBA, the lines and bands drawn the same (the curves are
+    noise to a PNG's compression; the numbers behind them are in the run logs, and `plot_path` draws them
+    again). A plot already in a palette is left as it is; returns those re-encoded."""
+    from PIL import Image
+
+    changed = []
+    for path in sorted((folder / "plots").glob("*.png")):
+        with Image.open(path) as image:
+            if image.mode == "P":
+                continue
+            image = image.convert("RGBA")
+            opaque = image.getchannel("A").getextrema() == (255, 255)
+            small = (image.convert("RGB") if opaque else image).quantize(256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE)
+        buffer = io.BytesIO()
+        small.save(buffer, "PNG", optimize=True)
+        path.write_bytes(buffer.getvalue())
+        changed.append(path)
+    return changed
 
 
 def readme_section(results: Path, repo: Path = REPO) -> str:
@@ -113,9 +159,9 @@ def reproduce(run: Path, steps: int, commit: str | None = None, overrides: Seque
     recorded = {int(r["step"]): r for r in read_metrics(run / "metrics.jsonl")}
     if commit is None:
         code = run / "code.json"
-        if not code.is_file():
+        if not run_file_exists(code):
             raise ValueError(f"{run} has no code.json: name the commit it was made with (--commit)")
-        commit = json.loads(code.read_text())["commit"]
+        commit = json.loads(read_run_file(code))["commit"]
         if not commit:
             raise ValueError(f"{code} records no commit (the run was made outside a git checkout): pass --commit")
         if commit.endswith("+dirty"):
@@ -156,7 +202,7 @@ def _run_signal(run: Path, start: Path, steps: int, budget: int) -> dict | None:
     rollouts a step (DAPO's redraws: the comparison is at an equal budget)."""
     lines = list(read_metrics(run / "metrics.jsonl"))
     final = [r["val/accuracy_sampled"] for r in lines if r.get("step") == steps and "val/accuracy_sampled" in r]
-    first = [r["val/accuracy_sampled"] for r in read_metrics(start) if "val/accuracy_sampled" in r] if start.is_file() else []
+    first = [r["val/accuracy_sampled"] for r in read_metrics(start) if "val/accuracy_sampled" in r] if run_file_exists(start) else []
     train = [r for r in lines if "tree/effective_ratio" in r and "tree/prompts_sampled" in r and "tree/leaves" in r]
     spent = [r["rollout/rollouts_total"] for r in lines if r.get("step") == steps and "rollout/rollouts_total" in r]
     if not final or not first or not train or spent[-1:] != [budget * steps]:
@@ -199,9 +245,9 @@ def signal(results: Path) -> dict:
     for folder in sorted(p for p in results.iterdir() if (p / "summary.json").is_file()):
         steps = int(json.loads((folder / "summary.json").read_text())["config"]["run"]["train"]["steps"])
         for run in sorted(folder.glob("*/seed_*")):
-            if run.parent.name == "react" or not (run / "metrics.jsonl").is_file():
+            if run.parent.name == "react" or not run_file_exists(run / "metrics.jsonl"):
                 continue
-            key = f"{run.parent.name}/{run.name}/{hashlib.sha256((run / 'metrics.jsonl').read_bytes()).hexdigest()}"
+            key = f"{run.parent.name}/{run.name}/{hashlib.sha256(read_run_file(run / 'metrics.jsonl')).hexdigest()}"
             if key in runs:
                 parent[root(folder.name)] = root(runs[key]["folder"])
                 continue
@@ -299,7 +345,17 @@ def main(argv: list[str] | None = None) -> int:
     saved.add_argument("--warmup", type=int, default=5, help="steps left out at the start (default 5)")
     saved.add_argument("--at-least", type=int, default=12, help="count steps where a prompt got this many rollouts without mixing")
     saved.add_argument("--out", type=Path, help="also write the JSON here")
+    packing = commands.add_parser("pack", help="pack results folders: run logs into runs.tar.xz, plots as 256-colour PNGs")
+    packing.add_argument("folders", nargs="*", type=Path, help="results folders (default: every folder under docs/results)")
     args = parser.parse_args(argv)
+    if args.command == "pack":
+        folders = args.folders or sorted(p for p in (REPO / "docs" / "results").iterdir() if p.is_dir())
+        for folder in folders:
+            done = pack(folder)
+            if done["archive"] or done["plots"]:
+                size = f"{Path(done['archive']).stat().st_size / 1024:.0f} KiB" if done["archive"] else "no"
+                print(f"{folder}: {size} runs.tar.xz, {len(done['plots'])} plots re-encoded")
+        return 0
     if args.command == "trees":
         text = json.dumps(trees(args.run_dir, args.warmup, args.at_least), indent=1)
         if args.out:

@@ -225,6 +225,22 @@ def test_a_panels_title_says_what_its_bars_are_the_interval_of() -> None:
     assert panel_title(panels["calibration"], 1, False) == panels["calibration"].title
 
 
+def test_a_packed_comparison_reads_and_plots_as_the_plain_one(tmp_path: Path) -> None:
+    """A committed result keeps its run logs in `runs.tar.xz` (`trace_rl.rundir.pack_runs`): the same
+    runs, rows and report as before packing."""
+    from trace_rl.rundir import pack_runs
+
+    folder = write_comparison(tmp_path / "cmp")
+    runs = find_runs(folder)
+    rows = {m: [load_run(p).rows for p in paths] for m, paths in runs.items()}
+    page = write_report(folder).read_text()
+    pack_runs(folder)
+    assert not list(folder.rglob("metrics.jsonl"))
+    assert find_runs(folder) == runs
+    assert {m: [load_run(p).rows for p in paths] for m, paths in runs.items()} == rows
+    assert write_report(folder).read_text() == page
+
+
 def test_load_run_merges_lines_by_step_and_drops_a_cut_last_line(tmp_path: Path) -> None:
     run = tmp_path / "r"
     run.mkdir()

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from PIL import Image
 from repo_files import load
 
 from trace_rl.rundir import code_version
@@ -50,11 +51,19 @@ def test_reproduce_reruns_a_run_with_its_own_code_and_finds_its_numbers(tmp_path
 
 
 def test_reproduce_refuses_a_run_made_from_uncommitted_changes(tmp_path: Path) -> None:
+    from trace_rl.rundir import pack_runs
+
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "critic/score/mean": 0.5}) + "\n")
     (tmp_path / "config.yaml").write_text("train:\n  eval_every: 0\n")
     (tmp_path / "code.json").write_text(json.dumps({"trace_rl": "0.1.0", "commit": "0123abc+dirty"}))
     with pytest.raises(ValueError, match="uncommitted changes"):
         results.reproduce(tmp_path, steps=1)
+    pack_runs(tmp_path)  # a committed run: its metrics and code.json read from runs.tar.xz
+    assert not (tmp_path / "code.json").exists()
+    with pytest.raises(ValueError, match="uncommitted changes"):
+        results.reproduce(tmp_path, steps=1)
+    with pytest.raises(ValueError, match="recorded no step 2"):
+        results.reproduce(tmp_path, steps=2, commit="0123abc")
 
 
 def test_export_again_from_the_results_folders_own_config(tmp_path: Path) -> None:
@@ -72,7 +81,16 @@ def test_export_again_from_the_results_folders_own_config(tmp_path: Path) -> Non
     config = tmp_path / "compare.yaml"
     config.write_text("# a two-seed comparison\nmethods: [grpo]\nseeds: [0, 1]\nrun:\n  train:\n    steps: 2\n")
     results.export(runs, dest, config)
+    packed = (dest / "runs.tar.xz").read_bytes()  # the run logs, packed: nothing else of them in the open
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file() and p.parent.name != "plots") == [
+        "command.txt", "compare.yaml", "runs.tar.xz", "summary.json", "summary.md"]  # (these runs have no config.yaml)
+    assert results.read_metrics(dest / "grpo" / "seed_1" / "metrics.jsonl") == results.read_metrics(runs / "grpo" / "seed_1" / "metrics.jsonl")
+    plots = {p.name: p.read_bytes() for p in (dest / "plots").glob("*.png")}
+    assert plots and all(Image.open(dest / "plots" / name).mode == "P" for name in plots)  # 256 colours
     summary = results.export(runs, dest, dest / "compare.yaml")
+    assert (dest / "runs.tar.xz").read_bytes() == packed and {p.name: p.read_bytes() for p in (dest / "plots").glob("*.png")} == plots
+    assert results.pack(dest) == {"folder": str(dest), "archive": str(dest / "runs.tar.xz"), "plots": []}  # already packed
+    assert (dest / "runs.tar.xz").read_bytes() == packed
     assert summary["methods"]["grpo"]["seeds"] == 2
     assert (dest / "compare.yaml").read_text() == config.read_text()
     (dest / "compare.yaml").write_text(config.read_text().replace("seeds: [0, 1]", "seeds: [0]"))
@@ -110,6 +128,9 @@ def test_signal_ranks_figures_by_how_they_go_with_the_gain_within_each_regime(tm
         _signal_run(tmp_path / "third", "b", seed, share=0.6, gain=0.06, budget=16, spent=16)
     shutil.copytree(tmp_path / "first" / "low", tmp_path / "second" / "low")
     found = results.signal(tmp_path)
+    for name in ("first", "second", "third"):  # committed, packed: the same answer
+        results.pack_runs(tmp_path / name)
+    assert not list(tmp_path.rglob("metrics.jsonl")) and results.signal(tmp_path) == found
     joined, alone = "first + second (budget 8)", "third (budget 16)"
     assert set(found["regimes"]) == {joined, alone}
     assert set(found["regimes"][joined]) == {"low", "high", "mid"}
@@ -158,3 +179,21 @@ def test_trees_recomputes_where_the_budget_went_from_saved_trees_after_the_warmu
     assert seed0["most_leaves_unmixed"] == pytest.approx((12 + 3) / 2)
     assert seed0["most_leaves_unmixed_max"] == 12 and seed0["steps_with_12_or_more_unmixed"] == 1
     assert found["methods"]["trace"]["mean"]["failed_budget_share"] == pytest.approx((seed0["failed_budget_share"] + 0.0) / 2)
+
+
+COMMITTED = sorted(p.parent for p in (REPO / "docs" / "results").glob("*/summary.json"))
+
+
+@pytest.mark.parametrize("folder", COMMITTED, ids=[p.name for p in COMMITTED])
+def test_a_committed_result_summarises_from_its_packed_runs_to_its_summary_json(folder: Path) -> None:
+    """Every number of docs/results/<name>/summary.json, recomputed from the run logs in its runs.tar.xz
+    (the config block aside: it echoes today's config fields, added since)."""
+    from trace_rl.compare import CompareConfig, summarise
+    from trace_rl.config import load_config
+
+    summary = json.loads(json.dumps(summarise(folder, load_config(CompareConfig, folder / "compare.yaml"))))
+    committed = json.loads((folder / "summary.json").read_text())
+    assert sorted(summary) == sorted(committed)
+    for key in summary.keys() - {"config"}:
+        assert json.dumps(summary[key]) == json.dumps(committed[key]), key  # NaN included
+

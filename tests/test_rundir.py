@@ -94,3 +94,66 @@ def test_code_version_names_this_checkout_s_commit():
     head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip()
     commit = code_version()["commit"]
     assert commit is None or commit.removesuffix("+dirty") == head
+
+
+def test_packed_run_files_read_as_the_plain_ones_and_pack_to_the_same_bytes_each_time(tmp_path):
+    """A committed result's `runs.tar.xz` (`pack_runs`): every reader gets the same bytes and records as
+    from the plain files, packing again or elsewhere gives the same archive, and tar puts them back."""
+    import os
+    import tarfile
+
+    from trace_rl.rundir import (
+        PACKED,
+        RunDirError,
+        pack_runs,
+        read_run_file,
+        run_file_exists,
+    )
+
+    folder = tmp_path / "results"
+    for name in ("trace/seed_0", "trace/seed_1", "react/seed_0"):
+        run = RunDir(folder / name)
+        for step in (1, 2, 3):
+            run.append_metrics({"step": step, "method": name.split("/")[0], "loss": 1 / (step + 0.7), "val/accuracy": step / 3})
+        run.code_path.write_text(json.dumps({"trace_rl": "0.1.0", "commit": "abc"}))
+        (run.path / "config.yaml").write_text("seed: 0\n")
+    with open(folder / "trace" / "seed_0" / "metrics.jsonl", "a") as handle:
+        handle.write('{"step": 4, "lo')  # a line the kill cut short: packed as it is, dropped as it was
+    (folder / "summary.json").write_text("{}")
+    before = {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    records = {p: read_metrics(p) for p in before if p.name == "metrics.jsonl"}
+    archive = pack_runs(folder)
+    assert archive == folder / PACKED
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) == [
+        "react/seed_0/config.yaml", "runs.tar.xz", "summary.json", "trace/seed_0/config.yaml", "trace/seed_1/config.yaml"]
+    for path, data in before.items():
+        assert run_file_exists(path) and read_run_file(path) == data
+    for path, lines in records.items():
+        assert read_metrics(path) == lines and RunDir(path.parent).metrics() == latest_per_step(lines)
+    assert [m["step"] for m in RunDir(folder / "trace" / "seed_0").metrics()] == [1, 2, 3]
+    packed = archive.read_bytes()
+    assert pack_runs(folder).read_bytes() == packed  # packing a packed folder changes nothing
+
+    again = tmp_path / "again"  # the same files, written later: the same archive
+    for path, data in before.items():
+        (again / path.relative_to(folder)).parent.mkdir(parents=True, exist_ok=True)
+        (again / path.relative_to(folder)).write_bytes(data)
+        os.utime(again / path.relative_to(folder), (1e9, 1e9))
+    assert pack_runs(again).read_bytes() == packed
+    with tarfile.open(archive, "r:xz") as tar:
+        assert all(m.mtime == 0 and m.uid == 0 and m.uname == "" for m in tar.getmembers())
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    assert {p.relative_to(tmp_path / "unpacked"): p.read_bytes() for p in (tmp_path / "unpacked").rglob("*") if p.is_file()} == {
+        p.relative_to(folder): data for p, data in before.items() if p.name in ("metrics.jsonl", "code.json")}
+
+    seed_1 = folder / "trace" / "seed_1" / "metrics.jsonl"
+    seed_1.write_text('{"step": 1, "loss": 0.0}\n')  # a plain file is read before its packed copy, and replaces it
+    assert read_metrics(seed_1) == [{"step": 1, "loss": 0.0}]
+    pack_runs(folder)
+    assert not seed_1.exists() and read_metrics(seed_1) == [{"step": 1, "loss": 0.0}]
+    assert read_metrics(folder / "react" / "seed_0" / "metrics.jsonl") == records[folder / "react" / "seed_0" / "metrics.jsonl"]
+    missing = folder / "trace" / "seed_9" / "metrics.jsonl"
+    assert not run_file_exists(missing) and RunDir(missing.parent).metrics() == []
+    with pytest.raises(RunDirError, match="seed_9/metrics.jsonl cannot be read"):
+        read_metrics(missing)
+    assert pack_runs(tmp_path / "empty") is None

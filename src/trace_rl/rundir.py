@@ -14,6 +14,12 @@
 A comparison (`trace-rl compare`) is a folder of run folders, `DIR/<method>/seed_<k>/`, plus
 `DIR/react/seed_<k>/` (`START`): the starting policy's evaluation, one record at step 0.
 
+A committed result (`docs/results/<name>/`, `scripts/results.py pack`) keeps its run folders' logs packed:
+every `metrics.jsonl` and `code.json` under the folder goes into one `runs.tar.xz` at its top (`PACKED`,
+members by their path below it), and the run folders keep their `config.yaml`. Readers take a run file
+through `read_run_file` / `run_file_exists` (`read_metrics` does), which find the file in its folder, or
+else in the nearest `runs.tar.xz` above it, so a live run and a packed one read the same.
+
 The trainer writes it, `compare`, `eval`, `report` and the CLI read it, all through `RunDir`.
 Writes that replace a file are atomic (a temporary file, fsynced, renamed, then the folder fsynced),
 so a run killed at any moment, or a machine that loses power, leaves either the old file or the new
@@ -41,11 +47,15 @@ remote code), send prompts to `model.server_urls` and queries to `task.search_ur
 
 from __future__ import annotations
 
+import functools
+import io
 import json
+import lzma
 import os
 import re
 import subprocess
 import sys
+import tarfile
 import tempfile
 import warnings
 import zipfile
@@ -73,6 +83,13 @@ RUN_FILES = re.compile(r"config\.yaml|config\.step_\d+\.yaml|code\.json|metrics\
 
 START = "react"
 """A comparison's folder (and table row) of its starting policy, evaluated without RL (the paper's ReAct row)."""
+
+PACKED = "runs.tar.xz"
+"""A committed result's run logs in one file at its top (`pack_runs`): the `PACKED_FILES` of every run
+folder below it, as members named by their path relative to that folder."""
+
+PACKED_FILES = ("metrics.jsonl", "code.json")
+"""The files of a run folder that `pack_runs` packs (its `config.yaml` stays in the open)."""
 
 
 class RunDirError(ConfigError):
@@ -262,8 +279,9 @@ class RunDir:
         self._records[step] = {**self._records.get(step, {}), **record}
 
     def metrics(self) -> list[dict[str, Any]]:
-        """The run's records, one per step, in step order (`latest_per_step` of the file); [] if none."""
-        return latest_per_step(read_metrics(self.metrics_path)) if self.metrics_path.is_file() else []
+        """The run's records, one per step, in step order (`latest_per_step` of the file, or of its packed
+        copy: `read_run_file`); [] if none."""
+        return latest_per_step(read_metrics(self.metrics_path)) if run_file_exists(self.metrics_path) else []
 
     def last_metrics(self) -> dict[str, Any]:
         """Every key's latest value over the run (an evaluation figure may sit on an earlier step)."""
@@ -473,7 +491,8 @@ def checkpoint_data(value: Any, where: str = "checkpoint") -> Any:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The JSON objects of a `metrics.jsonl`, in file order.
+    """The JSON objects of a `metrics.jsonl`, in file order: the file, or where a committed result packed
+    it, its copy in the `runs.tar.xz` above (`read_run_file`); the same records either way.
 
     A last line cut short (a run killed mid-write) is dropped (`RunDir.rewind` writes it again from its
     checkpoint); any other line that is not a JSON object with an integer `step` raises RunDirError
@@ -481,7 +500,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = read_run_file(path).decode("utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise RunDirError(f"{path} cannot be read as a metrics file: {getattr(exc, 'strerror', None) or exc}") from None
     records = []
@@ -499,6 +518,87 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
             raise RunDirError(f"{path}:{number}: expected a JSON object with an integer 'step': not a trace-rl metrics file, or damaged")
         records.append(record)
     return records
+
+
+def read_run_file(path: str | Path) -> bytes:
+    """The bytes of a run folder's file `path` (`metrics.jsonl`, `code.json`): the file itself, else its
+    packed copy (`packed_member`). FileNotFoundError, naming `path`, when it is neither."""
+    path = Path(path)
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        found = packed_member(path)
+        if found is None:
+            raise
+    archive, member = found
+    return _packed_files(archive)[member]
+
+
+def run_file_exists(path: str | Path) -> bool:
+    """Whether `read_run_file(path)` finds the file: in its folder or packed above it."""
+    path = Path(path)
+    return path.is_file() or packed_member(path) is not None
+
+
+def packed_member(path: str | Path) -> tuple[Path, str] | None:
+    """The `runs.tar.xz` and member name holding the run file `path` (`pack_runs`): the nearest archive in
+    a folder above `path`, if it has the member; None otherwise. The file itself, where it exists, is not
+    looked at (`read_run_file` reads that first)."""
+    path = Path(path).absolute()
+    for folder in path.parents:
+        archive = folder / PACKED
+        if archive.is_file():
+            member = path.relative_to(folder).as_posix()
+            return (archive, member) if member in _packed_files(archive) else None
+    return None
+
+
+def _packed_files(archive: Path) -> dict[str, bytes]:
+    """A `runs.tar.xz`'s regular files by name, read once while the file stays the same."""
+    stat = archive.stat()
+    return _read_packed(str(archive.resolve()), stat.st_ino, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _read_packed(archive: str, inode: int, mtime_ns: int, size: int) -> dict[str, bytes]:
+    try:
+        with tarfile.open(archive, "r:xz") as tar:
+            return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+    except (tarfile.TarError, lzma.LZMAError, EOFError) as exc:
+        raise RunDirError(f"{archive} cannot be read as packed run files ({exc}): damaged, or not made by pack_runs") from None
+
+
+def pack_runs(folder: str | Path) -> Path | None:
+    """Move the `PACKED_FILES` of every run folder under `folder` (one holding a `metrics.jsonl`) into
+    `folder/runs.tar.xz`, kept with the files it already holds (a plain file replaces its packed copy),
+    and remove them; the archive, or None when there is nothing to pack. The same files give the same
+    bytes: members in name order, no times or owners (a tar of mode-644 files dated 1970), `xz -9e`.
+    Read it with `tar -xJf runs.tar.xz` (restores the plain files), or through `read_run_file`."""
+    folder = Path(folder)
+    archive = folder / PACKED
+    files = dict(_packed_files(archive)) if archive.is_file() else {}
+    plain = []
+    runs = {p.parent for p in folder.rglob(PACKED_FILES[0]) if p.is_file()}
+    runs |= {folder / Path(name).parent for name in files if Path(name).name == PACKED_FILES[0]}
+    for run in runs:
+        for name in PACKED_FILES:
+            if (run / name).is_file():
+                plain.append(run / name)
+                files[(run / name).relative_to(folder).as_posix()] = (run / name).read_bytes()
+    if not files:
+        return None
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name in sorted(files):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(files[name]), 0o644, 0
+            tar.addfile(info, io.BytesIO(files[name]))
+    data = lzma.compress(buffer.getvalue(), preset=9 | lzma.PRESET_EXTREME)
+    if not archive.is_file() or archive.read_bytes() != data:
+        atomic_write(archive, lambda tmp: Path(tmp).write_bytes(data))
+    for path in plain:
+        path.unlink()
+    return archive
 
 
 def latest_per_step(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ from trace_rl.config import ConfigError, load_yaml_file
 from trace_rl.report.plots import RunMetrics, find_runs, load_run, method_sort_key, plot_metrics
 from trace_rl.report.viewer import ViewerLimits, viewer_data, viewer_section
 from trace_rl.rollout import RolloutConfig
-from trace_rl.rundir import atomic_write
+from trace_rl.rundir import atomic_write, run_file_exists
 
 HEADLINE_KEYS = (
     "critic/score/mean",
@@ -74,7 +74,7 @@ def build_report(path: str | Path, *, limits: ViewerLimits | None = None) -> Rep
     """`write_report`, returning every file written and the warnings."""
     folder = Path(path)
     runs_by_method = find_runs(folder)
-    comparison = not (folder / "metrics.jsonl").is_file()
+    comparison = not run_file_exists(folder / "metrics.jsonl")
     runs = {method: [load_run(p, method) for p in paths] for method, paths in runs_by_method.items()}
     plots = plot_metrics(runs, folder)
     if comparison:  # one seed per method in the viewer keeps the page small

@@ -1,6 +1,7 @@
 """Training curves as PNG files: one line per method, the mean over its seeds with a min–max band.
 
-Input is one or more run folders (`metrics.jsonl`, one JSON object a line with `step`). Lines that
+Input is one or more run folders (`metrics.jsonl`, one JSON object a line with `step`, or its copy packed
+in a committed result's `runs.tar.xz`: `trace_rl.rundir.read_run_file`). Lines that
 share a step are merged, later lines winning, so a resumed run or a separate eval line for the same
 step reads as one row. A key a run never logged (an older version, a method without a predictor) is
 simply absent from the figures; a figure with no data at all is not written.
@@ -22,7 +23,7 @@ from typing import Any, Literal
 import numpy as np
 
 from trace_rl.methods import METHODS
-from trace_rl.rundir import START, atomic_write, read_metrics
+from trace_rl.rundir import START, atomic_write, read_metrics, run_file_exists
 
 METHOD_ORDER = tuple(METHODS)
 """The registry's method names, in its order; they keep one colour each across every figure and table."""
@@ -165,7 +166,7 @@ def load_run(run_dir: str | Path, method: str | None = None) -> RunMetrics:
     """Read a run folder's metrics. `method` defaults to the `method` the trainer logged, else the folder name."""
     run_dir = Path(run_dir)
     path = run_dir / "metrics.jsonl"
-    if not path.is_file():
+    if not run_file_exists(path):
         raise FileNotFoundError(f"{run_dir} is not a run folder: {path} is missing")
     rows: dict[int, dict[str, float]] = {}
     logged_method = None
@@ -189,14 +190,14 @@ def find_runs(path: str | Path) -> dict[str, list[Path]]:
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path} is not a folder")
-    if (path / "metrics.jsonl").is_file():
+    if run_file_exists(path / "metrics.jsonl"):
         return {load_run(path).method: [path]}
     found: dict[str, list[Path]] = {}
     for method_dir in sorted(p for p in path.iterdir() if p.is_dir()):
-        if (method_dir / "metrics.jsonl").is_file():  # DIR/<method>/ with a single run
+        if run_file_exists(method_dir / "metrics.jsonl"):  # DIR/<method>/ with a single run
             found[method_dir.name] = [method_dir]
             continue
-        seeds = [p for p in method_dir.iterdir() if p.is_dir() and (p / "metrics.jsonl").is_file()]
+        seeds = [p for p in method_dir.iterdir() if p.is_dir() and run_file_exists(p / "metrics.jsonl")]
         if seeds:
             found[method_dir.name] = sorted(seeds, key=_seed_order)
     if not found:
