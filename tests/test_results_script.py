@@ -197,3 +197,10 @@ def test_a_committed_result_summarises_from_its_packed_runs_to_its_summary_json(
     for key in summary.keys() - {"config"}:
         assert json.dumps(summary[key]) == json.dumps(committed[key]), key  # NaN included
 
+
+def test_the_committed_results_are_packed() -> None:
+    """docs/results keeps its run logs in runs.tar.xz and its plots as 256-colour PNGs (`results.py pack`),
+    so that it stays small; an export packs what it writes."""
+    folder = REPO / "docs" / "results"
+    assert not [p for p in folder.rglob("*") if p.name in ("metrics.jsonl", "code.json")]
+    assert all(Image.open(p).mode == "P" for p in folder.glob("*/plots/*.png"))
