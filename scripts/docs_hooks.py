@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mkdocs.structure.files import File, Files
-
 from trace_rl.compare import summary_table
 
 PLOT_TITLES = {
@@ -62,8 +60,8 @@ def page(folder: Path) -> str:
     commands = (folder / "command.txt").read_text().strip()
     parts = [f"# {folder.name}", "", *[p + "\n" for p in about(folder / "compare.yaml")]]
     parts += ["## Command", "", "```bash", commands, "```", "",
-              f"{steps} training steps a run. The files, with every run's config and per-step log: "
-              f"`docs/results/{folder.name}/` in the repository; `python scripts/results.py reproduce` reruns a run's first steps.",
+              (f"{steps} training steps a run. The files, with every run's config and per-step log: "
+               f"`docs/results/{folder.name}/` in the repository; `python scripts/results.py reproduce` reruns a run's first steps."),
               "", "## Table", "", summary_table(summary), ""]
     plots = sorted((folder / "plots").glob("*.png"))
     if plots:
@@ -85,7 +83,9 @@ def on_config(config):
     raise ValueError("mkdocs.yml's nav has no 'Results' section for the generated comparison pages")
 
 
-def on_files(files: Files, config) -> Files:
+def on_files(files, config):
+    from mkdocs.structure.files import File  # only the site build needs mkdocs; the page functions do not
+
     docs = Path(config["docs_dir"])
     for folder in comparisons(docs):
         files.append(File.generated(config, f"results/{folder.name}.md", content=page(folder)))

@@ -1,8 +1,6 @@
-"""Results as data: export a finished comparison into docs/results/<name>/, and write the README's
-results section from those files.
+"""Results as data: export a finished comparison into docs/results/<name>/, check and query those files.
 
     python scripts/results.py export runs/paper_main docs/results/paper_main --config configs/paper_main.yaml
-    python scripts/results.py readme            # rewrites README.md between the results markers
     python scripts/results.py reproduce docs/results/paper_main/trace/seed_0 --commit f6b809b --steps 2
     python scripts/results.py signal            # which allocation figure goes with held-out gain, over every folder
     python scripts/results.py trees runs/paper_main --out docs/results/paper_main/trees.json   # figures from saved trees
@@ -13,8 +11,8 @@ command, `summary.json` / `summary.md` as `trace-rl compare` wrote them (recompu
 runs), each run's `config.yaml` at `<method>/seed_<k>/` with its `metrics.jsonl` and `code.json` packed
 into the folder's `runs.tar.xz` (`pack`: `tar -xJf runs.tar.xz` puts them back; every reader here and in
 trace_rl takes either form, `trace_rl.rundir.read_run_file`; no checkpoints, no trees), and the plots, as
-256-colour PNGs. The README's tables are `trace_rl.compare.summary_table` of each
-`summary.json`, so a table can only say what the files say. `reproduce` reruns a run folder's first
+256-colour PNGs. The documentation site's results pages are generated from these files when it
+is built (`scripts/docs_hooks.py`), so a page can only say what the files say. `reproduce` reruns a run folder's first
 steps with the code it was made with and checks that they give the numbers it recorded. `signal` reads
 every committed run at once and asks which per-step figure of the allocation goes with learning.
 `trees` recomputes where the budget went from a comparison's saved trees (which exports leave out),
@@ -53,7 +51,6 @@ from trace_rl.rundir import (
 from trace_rl.tree import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
-BEGIN, END = "<!-- results:begin (scripts/results.py readme) -->", "<!-- results:end -->"
 
 
 def export(run_dir: Path, dest: Path, config_path: Path) -> dict:
@@ -111,36 +108,6 @@ def shrink_plots(folder: Path) -> list[Path]:
         path.write_bytes(buffer.getvalue())
         changed.append(path)
     return changed
-
-
-def readme_section(results: Path, repo: Path = REPO) -> str:
-    """One subsection per exported comparison: its config's opening comment, its command, its table."""
-    parts = [BEGIN, ""]
-    for folder in sorted(p for p in results.iterdir() if (p / "summary.json").is_file()):
-        summary = json.loads((folder / "summary.json").read_text())
-        comment = [line[1:].strip() for line in (folder / "compare.yaml").read_text().splitlines() if line.startswith("#")]
-        about = " ".join(line for line in comment if line and not line.startswith(("trace-rl ", "python ")))
-        steps = summary["config"]["run"]["train"]["steps"]
-        parts += [
-            f"### {folder.name}",
-            "",
-            about,
-            "",
-            f"`{(folder / 'command.txt').read_text().splitlines()[0]}` ({steps} steps; files: `{folder.relative_to(repo).as_posix()}/`)",
-            "",
-            summary_table(summary),
-        ]
-    parts.append(END)
-    return "\n".join(parts)
-
-
-def write_readme(readme: Path, results: Path, repo: Path = REPO) -> None:
-    text = readme.read_text()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{readme} has no results markers: add the lines\n{BEGIN}\n{END}\nwhere the section goes")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    readme.write_text(head + readme_section(results, repo) + tail)
 
 
 WALL_CLOCK = "timing_s/"
@@ -329,9 +296,6 @@ def main(argv: list[str] | None = None) -> int:
     exporting.add_argument("run_dir", type=Path)
     exporting.add_argument("dest", type=Path)
     exporting.add_argument("--config", type=Path, required=True, help="the compare config the runs were made with")
-    readme = commands.add_parser("readme", help="rewrite README.md's results section from docs/results/")
-    readme.add_argument("--results", type=Path, default=REPO / "docs" / "results")
-    readme.add_argument("--readme", type=Path, default=REPO / "README.md")
     again = commands.add_parser("reproduce", help="rerun a run folder's first steps with its own code and compare their metrics")
     again.add_argument("run_dir", type=Path)
     again.add_argument("--steps", type=int, default=2)
@@ -369,11 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         result = reproduce(args.run_dir, args.steps, args.commit, args.overrides)
         print(json.dumps(result))
         return 0 if result["reproduced"] else 1
-    if args.command == "export":
-        summary = export(args.run_dir, args.dest, args.config)
-        print(summary_table(summary), file=sys.stderr)
-    else:
-        write_readme(args.readme, args.results)
+    summary = export(args.run_dir, args.dest, args.config)
+    print(summary_table(summary), file=sys.stderr)
     return 0
 
 

@@ -162,7 +162,7 @@ def test_an_unfinished_run_is_listed_not_counted(tmp_path):
     assert "| trace | 1 | " in table and "trace seed 1 at step 1" in table
 
 
-def test_exported_results_hold_the_runs_and_reproduce_the_summary_and_the_readme_table(tmp_path):
+def test_exported_results_hold_the_runs_and_reproduce_the_summary_and_the_results_page(tmp_path):
     import json
 
     import yaml
@@ -190,12 +190,11 @@ def test_exported_results_hold_the_runs_and_reproduce_the_summary_and_the_readme
     (dest / "command.txt").write_text("trace-rl compare --config toy.yaml --out runs\n# seed 1 ran apart, at another commit\n")
     assert json.dumps(results.export(dest, dest, dest / "compare.yaml")["methods"]) == json.dumps(summary["methods"])  # from the copy
     assert "seed 1 ran apart" in (dest / "command.txt").read_text()  # an existing record is kept, not overwritten
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\n{results.BEGIN}\nstale\n{results.END}\n\n## after\n")
-    results.write_readme(readme, tmp_path / "docs" / "results", repo=tmp_path)
-    text = readme.read_text()
-    assert "stale" not in text and "### toy" in text and "A toy comparison." in text and text.endswith("## after\n")
-    assert summary_table(summary) in text
+    hooks = load("scripts/docs_hooks.py")  # the site's page for it, made from the exported files alone
+    assert hooks.comparisons(tmp_path / "docs") == [dest]
+    text = hooks.page(dest)
+    assert text.startswith("# toy\n") and "A toy comparison." in text and "trace-rl compare --config toy.yaml" in text
+    assert summary_table(summary) in text and "![Budget share in mixed groups](toy/plots/mixed_budget_share.png)" in text
 
 
 def test_a_variant_row_runs_its_method_with_its_overrides_into_its_own_folder(tmp_path):

@@ -28,7 +28,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 TUTORIALS = [*sorted((REPO / "docs" / "tutorials").glob("*.md")), REPO / "docs" / "how-to" / "resume.md"]
 FENCE = re.compile(r"(?:<!--\s*(?P<directive>file|test):\s*(?P<arg>[^>]*?)\s*-->\s*\n)?```(?P<lang>[\w-]*)[^\n]*\n(?P<body>.*?)\n```",
-                   re.S)
+                   re.DOTALL)
 
 
 @dataclass(frozen=True)

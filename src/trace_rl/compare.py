@@ -36,6 +36,9 @@ once `stop` is requested."""
 
 @dataclass
 class CompareConfig:
+    """A comparison (`trace-rl compare`): rows run at the same seeds, budget and steps, summarised with
+    differences paired by seed."""
+
     methods: list[str] = field(default_factory=lambda: ["grpo", "prompt_only", "random_tree", "trace"])
     """Rows to run, each a method of the registry or a name in `variants`; the first is the baseline the
     others are measured against."""
@@ -44,6 +47,7 @@ class CompareConfig:
     set `rollout.method`, e.g. `trace_tokens: {rollout.method: trace, rollout.budget_unit: tokens,
     rollout.budget: 2200}`; its runs go to `DIR/<name>/seed_<k>/`."""
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    """Seeds every row runs at (`run.seed` of each run); differences to the baseline are paired by seed."""
     accuracy: str = "val/accuracy_sampled"
     """The held-out accuracy the table reports (`val/accuracy_greedy` or `val/accuracy_sampled`)."""
     run: RunConfig = field(default_factory=RunConfig)
