@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from PIL import Image
 from repo_files import load
 
 from trace_rl.rundir import code_version
@@ -86,6 +85,8 @@ def test_export_again_from_the_results_folders_own_config(tmp_path: Path) -> Non
         "command.txt", "compare.yaml", "runs.tar.xz", "summary.json", "summary.md"]  # (these runs have no config.yaml)
     assert results.read_metrics(dest / "grpo" / "seed_1" / "metrics.jsonl") == results.read_metrics(runs / "grpo" / "seed_1" / "metrics.jsonl")
     plots = {p.name: p.read_bytes() for p in (dest / "plots").glob("*.png")}
+    from PIL import Image  # the report extra; the TRL, Ray and verl venvs collect this file without it
+
     assert plots and all(Image.open(dest / "plots" / name).mode == "P" for name in plots)  # 256 colours
     summary = results.export(runs, dest, dest / "compare.yaml")
     assert (dest / "runs.tar.xz").read_bytes() == packed and {p.name: p.read_bytes() for p in (dest / "plots").glob("*.png")} == plots
@@ -203,4 +204,6 @@ def test_the_committed_results_are_packed() -> None:
     so that it stays small; an export packs what it writes."""
     folder = REPO / "docs" / "results"
     assert not [p for p in folder.rglob("*") if p.name in ("metrics.jsonl", "code.json")]
+    from PIL import Image
+
     assert all(Image.open(p).mode == "P" for p in folder.glob("*/plots/*.png"))
