@@ -10,7 +10,7 @@ does, and its `predictor/loss` (before) and `predictor/loss_after` are kept.
 
 Rows (all learn from the same trees):
 
-- `shared`: `build_predictor("shared", PredictorConfig(**overrides))`, as training builds it: the default
+- `shared`: `build_predictor("shared", config)` with the `--set` overrides, as training builds it: the default
   unless `--set` changes it (`--set guard=true` wraps it in the `GuardedPredictor`);
 - `shared_previous`: the `HashedNgramPredictor` of commit `--previous` (default: the last one before
   the real-tree fix), loaded from git with its own defaults; left out when git cannot show it;
@@ -44,6 +44,7 @@ RUN_DIR is a `trace-rl train` run folder (`trees/step_XXXX.jsonl`). Prints one J
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import importlib.util
 import json
@@ -58,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from trace_rl.bench import BenchConfig, run_batch
+from trace_rl.config import from_dict, set_dotted
 from trace_rl.predictor import (
     HashedNgramPredictor,
     PredictorConfig,
@@ -122,7 +124,8 @@ def make_rows(config: PredictorConfig, previous: type | None, previous_config: d
     if previous is not None:
         module = sys.modules[previous.__module__]
         known = {f.name for f in dataclasses.fields(module.PredictorConfig)}
-        rows["shared_previous"] = previous(module.PredictorConfig(**{k: v for k, v in previous_config.items() if k in known}), seed=seed)
+        flat = {**{k: v for k, v in previous_config.items() if k != "advanced"}, **previous_config.get("advanced", {})}  # code from before `advanced`
+        rows["shared_previous"] = previous(module.PredictorConfig(**{k: v for k, v in flat.items() if k in known}), seed=seed)
     rows["running_mean"] = _Constant("mean")
     rows["last_step_mean"] = _Constant("last")
     rows["prompt_history"] = PromptHistoryPredictor()
@@ -246,6 +249,14 @@ def sim_steps(row: str, seed: int, batches: int, config: PredictorConfig) -> lis
     return steps
 
 
+def predictor_config(base: dict[str, Any], overrides: dict[str, Any]) -> PredictorConfig:
+    """`base` (a PredictorConfig as a dict) with each dotted override (`advanced.replay_batches`) set."""
+    data = copy.deepcopy(base)
+    for key, value in overrides.items():
+        set_dotted(data, key, value)
+    return from_dict(PredictorConfig, data, prefix="predictor.")
+
+
 def _parse_overrides(items: Sequence[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
@@ -260,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="*", type=Path, help="trace-rl run folders")
     parser.add_argument("--warmup", type=int, default=5, help="steps left out of the summary (default 5)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="PredictorConfig field of the `shared` row (JSON value)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a PredictorConfig key of the `shared` row, dotted (advanced.replay_batches=0; JSON value)")
     parser.add_argument("--sim-seeds", type=int, default=2, help="simulator worlds (0: no simulator section)")
     parser.add_argument("--sim-batches", type=int, default=40, help="simulator batches per world (default 40)")
     parser.add_argument("--previous", default=PREVIOUS, help="git revision of the `shared_previous` row ('none': leave it out)")
@@ -273,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     result["runs"] = {}
     for run_dir in args.runs:
         steps = run_steps(run_dir)
-        rows = make_rows(PredictorConfig(**overrides), previous, {}, seed=0)
+        rows = make_rows(predictor_config({}, overrides), previous, {}, seed=0)
         per_step = replay(steps, rows)
         entry = summarise(per_step, args.warmup)
         if args.steps:
@@ -284,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for row in ("trace", "grpo") if args.sim_seeds else ():
         per_seed = []
         for seed in range(args.sim_seeds):
-            config = PredictorConfig(**{**bench_predictor, **overrides})
+            config = predictor_config(bench_predictor, overrides)
             steps = sim_steps(row, seed, args.sim_batches, config)
             per_step = replay(steps, make_rows(config, previous, bench_predictor, seed=seed))
             per_seed.append(per_step)

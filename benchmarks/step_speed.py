@@ -4,7 +4,7 @@
     python benchmarks/step_speed.py --steps 2 --config configs/demo.yaml key=value ...
 
 Both runs start from the same (warm-started) policy, seed and tasks, so their first step does the
-same work: `previous` re-prefills every turn's whole history (`model.prefix_cache_mb=0`) and runs
+same work: `previous` re-prefills every turn's whole history (`engine.prefix_cache_mb=0`) and runs
 every leaf's full path through the update (`train.update=per_leaf`, where the trainer has it);
 `current` is the config as it is. The previous path runs on `--previous-threads` (1: the demo's
 setting when the issue measured it); where the config uses more (`model.cpu_threads`), the current
@@ -66,7 +66,7 @@ def decode_bound(config: RunConfig, batch: int = 64, prompt: int = 256, new: int
 
     parts = build_parts(dataclasses.replace(config, train=dataclasses.replace(config.train, steps=0)))
     model = parts.policy.model
-    engine = HFEngine.from_policy(parts.policy, max_batch_size=batch, prefix_cache_mb=0, precision=config.model.generation_precision)
+    engine = HFEngine.from_policy(parts.policy, max_batch_size=batch, prefix_cache_mb=0, precision=config.engine.generation_precision)
     vocab = engine.vocab_size
     generator = torch.Generator().manual_seed(0)
     prompts = torch.randint(10, vocab, (batch, prompt), generator=generator).tolist()
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     base = [*args.overrides, "train.eval_every=0", "train.save_trees=false"]
     current = load_config(RunConfig, args.config, base)
-    previous_overrides = [*base, "model.prefix_cache_mb=0", f"model.cpu_threads={args.previous_threads}"]
+    previous_overrides = [*base, "engine.prefix_cache_mb=0", f"model.cpu_threads={args.previous_threads}"]
     if "update" in {f.name for f in dataclasses.fields(current.train)}:
         previous_overrides.append("train.update=per_leaf")
     previous = load_config(RunConfig, args.config, previous_overrides)

@@ -49,7 +49,7 @@ fi
 # so the server module is run directly (same arguments as `vllm serve`, the model as --model).
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
 # The development routes (/collective_rpc, /reset_prefix_cache) are how trace-rl pushes each update's
-# weights (model.weight_sync: vllm). They run a worker method by name: serve on 127.0.0.1 only, as here.
+# weights (engine.weight_sync: vllm). They run a worker method by name: serve on 127.0.0.1 only, as here.
 export VLLM_SERVER_DEV_MODE=${VLLM_SERVER_DEV_MODE:-1}
 exec "$VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL_DIR" \
     --host 127.0.0.1 --port "$PORT" \

@@ -137,7 +137,7 @@ def test_brace_groups_draws_exactly_the_groups_and_follows_the_weights():
 
 def test_brace_stage1_spends_the_budget_in_whole_groups():
     rng = np.random.default_rng(2)
-    settings = AllocationSettings(budget=0, brace=BraceConfig(group_size=4))
+    settings = AllocationSettings(brace=BraceConfig(group_size=4))
     evidence = PromptEvidence(successes=np.array([0.0, 3, 9, 1, 0, 5, 2, 0]), failures=np.array([9.0, 3, 0, 1, 0, 4, 6, 0]), concentration=0.5)
     v = np.full(8, 0.5)
     per = brace_stage1(v, 16, settings, evidence, rng)
@@ -153,7 +153,7 @@ def test_brace_stage1_spends_the_budget_in_whole_groups():
 
 def test_brace_prefers_mixed_prompts_to_solved_or_dead_ones():
     rng = np.random.default_rng(3)
-    settings = AllocationSettings(budget=0, brace=BraceConfig(group_size=4, eps=0.0, temperature=0.3))
+    settings = AllocationSettings(brace=BraceConfig(group_size=4, eps=0.0, temperature=0.3))
     evidence = PromptEvidence(successes=np.array([0.0, 20.0, 6.0, 0.0]), failures=np.array([30.0, 0.0, 6.0, 0.0]), concentration=0.285)
     hits = np.zeros(4)
     for _ in range(2000):

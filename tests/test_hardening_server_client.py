@@ -187,10 +187,10 @@ def test_timeout_and_retries_are_set_from_the_config(server: FakeServer) -> None
     from trace_rl.run import build_engine
 
     config = load_config(RunConfig, overrides=[
-        "model.engine=openai", f"model.server_urls=['{server.url}']", "model.server_timeout_s=1.5",
-        "model.server_retries=4", "model.server_retry_wait_s=0.01",
+        "engine.name=openai", f"engine.server_urls=['{server.url}']", "engine.server_timeout_s=1.5",
+        "engine.server_retries=4", "engine.server_retry_wait_s=0.01",
     ])
-    client = build_engine(config.model, fake_policy())
+    client = build_engine(config.engine, fake_policy())
     assert isinstance(client, OpenAIEngine)
     assert (client.timeout_s, client.retries, client.retry_wait_s, client.vocab_size) == (1.5, 4, 0.01, VOCAB)
     client.model = "m"
@@ -201,8 +201,8 @@ def test_timeout_and_retries_are_set_from_the_config(server: FakeServer) -> None
 
 @pytest.mark.parametrize(
     "override",
-    ["model.server_timeout_s=0", "model.server_timeout_s=.nan", "model.server_timeout_s=.inf",
-     "model.server_retries=-1", "model.server_retry_wait_s=-1", "model.server_retry_wait_s=.nan"],
+    ["engine.server_timeout_s=0", "engine.server_timeout_s=.nan", "engine.server_timeout_s=.inf",
+     "engine.server_retries=-1", "engine.server_retry_wait_s=-1", "engine.server_retry_wait_s=.nan"],
 )
 def test_bad_client_settings_are_refused_naming_the_key(override: str) -> None:
     key = override.split("=")[0].split(".")[1]

@@ -194,7 +194,7 @@ HUGE_MAPPING = "{" + ", ".join(f"k{i}: {i}" for i in range(2_000)) + "}"
     ("override", "named"),
     [
         (f"model={HUGE_LIST}", "model must be a mapping, got list: [1, 1, 1"),  # from_dict
-        (f"model.server_urls={HUGE_STRING}", "model.server_urls must be a list, got 'yyy"),  # _coerce: list
+        (f"engine.server_urls={HUGE_STRING}", "engine.server_urls must be a list, got 'yyy"),  # _coerce: list
         (f"task.options={HUGE_LIST}", "task.options must be a mapping, got [1, 1"),  # _coerce: mapping
         (f"model.download={HUGE_MAPPING}", "model.download must be true or false, got {'k0': 0"),  # _coerce: bool
         (f"seed={HUGE_LIST}", "seed must be an integer, got [1, 1"),  # _coerce: int

@@ -64,9 +64,9 @@ def test_training_on_a_server_engine_without_weight_sync_is_refused_before_any_w
 
     code = main([
         "train", "--config", str(REPO / "configs/smoke.yaml"), "--out", str(tmp_path / "run"),
-        "model.engine=openai", "model.server_urls=[http://127.0.0.1:9]",
+        "engine.name=openai", "engine.server_urls=[http://127.0.0.1:9]",
     ])
     assert code == 2
     err = capsys.readouterr().err
-    assert "model.engine=openai trains only with a weight push" in err and "model.weight_sync" in err
+    assert "engine.name=openai trains only with a weight push" in err and "engine.weight_sync" in err
     assert not (tmp_path / "run").exists()  # refused before the folder, the model or the tasks

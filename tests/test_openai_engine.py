@@ -309,10 +309,10 @@ def test_without_weight_sync_an_update_is_refused_and_training_with_a_server_is_
     with pytest.raises(EngineError, match="weight_sync=none"):
         engine.update_weights(small_llama(), version=1)
     config = RunConfig()
-    config.model.engine, config.model.server_urls = "openai", ["http://127.0.0.1:9"]
-    with pytest.raises(ConfigError, match="set model.weight_sync to vllm or sglang"):
+    config.engine.name, config.engine.server_urls = "openai", ["http://127.0.0.1:9"]
+    with pytest.raises(ConfigError, match="set engine.weight_sync to vllm or sglang"):
         check_trainable(config)
-    config.model.weight_sync = "vllm"
+    config.engine.weight_sync = "vllm"
     check_trainable(config)
 
 

@@ -10,6 +10,7 @@ from repo_files import load
 
 from trace_rl.predictor import (
     HashedNgramPredictor,
+    PredictorAdvanced,
     PredictorConfig,
     SuccessPredictor,
     backup_targets,
@@ -75,7 +76,7 @@ def test_state_dict_round_trip_gives_identical_predictions_and_training() -> Non
     histories, y = _toy(200, seed=0)
     trained = HashedNgramPredictor(PredictorConfig(learning_rate=0.5), seed=1)
     trained.update(histories, y, None)
-    restored = HashedNgramPredictor(PredictorConfig(num_features=64))  # another config: the state replaces it
+    restored = HashedNgramPredictor(PredictorConfig(advanced=PredictorAdvanced(num_features=64)))  # another config: the state replaces it
     restored.load_state_dict(trained.state_dict())
     np.testing.assert_array_equal(restored.predict(histories), trained.predict(histories))
     trained.update(histories, y, None)  # same seeded minibatch order afterwards too
@@ -103,7 +104,7 @@ def test_state_round_trip_carries_the_replay_buffer_and_the_calibration() -> Non
     """Resuming mid-run must reproduce predictions and training exactly, so the state holds the
     replayed root examples and the calibration's data, not just the weights."""
     batches = [_toy(120, seed=s) for s in range(5)]
-    trained = HashedNgramPredictor(PredictorConfig(replay_batches=2), seed=2)
+    trained = HashedNgramPredictor(PredictorConfig(advanced=PredictorAdvanced(replay_batches=2)), seed=2)
     for histories, y in batches[:3]:
         trained.update(histories, y, None)
     state = trained.state_dict()
@@ -113,7 +114,7 @@ def test_state_round_trip_carries_the_replay_buffer_and_the_calibration() -> Non
         assert len(state["calibration_data"][head]) == 3
         assert not np.array_equal(state["calibration"][head], np.eye(state["calibration"][head].size)[0])
     assert state["calibration_data"]["prefix"][-1]["design"].shape == (sum(bool(h.turns) for h in batches[2][0]), 9)
-    restored = HashedNgramPredictor(PredictorConfig(replay_batches=0, calibration_batches=0))  # the state's config wins
+    restored = HashedNgramPredictor(PredictorConfig(advanced=PredictorAdvanced(replay_batches=0, calibration_batches=0)))  # the state's config wins
     restored.load_state_dict(state)
     for histories, y in batches[3:]:
         np.testing.assert_array_equal(restored.predict(histories), trained.predict(histories))
@@ -142,11 +143,11 @@ def test_roots_are_answered_by_the_root_head_which_learns_from_roots_only() -> N
 
 def test_replay_trains_again_on_earlier_roots_and_is_bounded() -> None:
     batches = [_toy(60, seed=s) for s in range(4)]
-    predictor = HashedNgramPredictor(PredictorConfig(replay_batches=2))
+    predictor = HashedNgramPredictor(PredictorConfig(advanced=PredictorAdvanced(replay_batches=2)))
     replayed = [predictor.update(h, y, None)["predictor/replayed"] for h, y in batches]
     roots = [sum(not h.turns for h in histories) for histories, _ in batches]
     assert replayed == [0.0, roots[0], roots[0] + roots[1], roots[1] + roots[2]]
-    none = HashedNgramPredictor(PredictorConfig(replay_batches=0))
+    none = HashedNgramPredictor(PredictorConfig(advanced=PredictorAdvanced(replay_batches=0)))
     assert [none.update(h, y, None)["predictor/replayed"] for h, y in batches] == [0.0] * 4
     assert none.state_dict()["replay"] == []
 
@@ -174,17 +175,17 @@ def test_a_calibration_of_saturated_raw_logits_converges_to_the_optimum_instead_
     w = np.ones(400)
     config = PredictorConfig()
     theta = _fit_calibration(design, y, w, config=config)
-    assert 0.0 < theta[0] < config.calibration_max_slope  # the slope is interior: the gradient must vanish
+    assert 0.0 < theta[0] < config.advanced.calibration_max_slope  # the slope is interior: the gradient must vanish
     p = 1.0 / (1.0 + np.exp(-(design @ theta)))
     start = np.array([1.0, 0.0, 0.0])
-    gradient = design.T @ ((p - y) / w.size) + config.calibration_prior * (theta - start)
+    gradient = design.T @ ((p - y) / w.size) + config.advanced.calibration_prior * (theta - start)
     assert np.abs(gradient).max() < 1e-6
     best_constant = -(y.mean() * np.log(y.mean()) + (1 - y.mean()) * np.log(1 - y.mean()))
     assert _cross_entropy(design @ theta, y, w) < best_constant + 0.01
 
 
 def test_calibration_can_be_switched_off() -> None:
-    predictor = HashedNgramPredictor(PredictorConfig(calibration_batches=0))
+    predictor = HashedNgramPredictor(PredictorConfig(advanced=PredictorAdvanced(calibration_batches=0)))
     for s in range(3):
         predictor.update(*_toy(60, seed=s), None)
     assert predictor.calibrated == {"root": False, "prefix": False}
@@ -226,13 +227,13 @@ def test_one_update_on_long_texts_does_not_overshoot() -> None:
     assert capped["predictor/loss"] == pytest.approx(np.log(2.0))
     assert capped["predictor/loss_after"] < capped["predictor/loss"]
     assert capped["predictor/step_capped"] > 0.0  # the cap was what held it
-    uncapped = HashedNgramPredictor(PredictorConfig(max_logit_step=0.0, turn_features=True), seed=0).update(histories, y, None)
+    uncapped = HashedNgramPredictor(PredictorConfig(turn_features=True, advanced=PredictorAdvanced(max_logit_step=0.0)), seed=0).update(histories, y, None)
     assert uncapped["predictor/loss_after"] > 2.0 and uncapped["predictor/step_capped"] == 0.0
 
 
 def test_a_capped_step_moves_no_logit_further_than_the_cap() -> None:
     histories, y = _long_histories(60, seed=1)
-    config = PredictorConfig(max_logit_step=0.25, epochs=1, root_epochs=1, calibration_batches=0, turn_features=True)
+    config = PredictorConfig(turn_features=True, advanced=PredictorAdvanced(max_logit_step=0.25, epochs=1, root_epochs=1, calibration_batches=0))
     predictor = HashedNgramPredictor(config)
     predictor.update(histories, y, None)  # one minibatch: one step from all-zero weights
     p = predictor.predict(histories)
@@ -354,9 +355,9 @@ def test_update_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="learning_rate"):
         HashedNgramPredictor(PredictorConfig(learning_rate=0.0))
     with pytest.raises(ValueError, match="replay_batches"):
-        HashedNgramPredictor(PredictorConfig(replay_batches=-1))
+        HashedNgramPredictor(PredictorConfig(advanced=PredictorAdvanced(replay_batches=-1)))
     with pytest.raises(ValueError, match="root_epochs"):
-        HashedNgramPredictor(PredictorConfig(root_epochs=0))
+        HashedNgramPredictor(PredictorConfig(advanced=PredictorAdvanced(root_epochs=0)))
     assert np.all(predictor.predict(histories) == 0.5)  # nothing was learned from bad batches
 
 

@@ -306,6 +306,7 @@ def test_a_token_budget_config_refuses_what_cannot_spend_tokens(fields, match):
 
 
 def test_a_token_budget_of_more_leaves_than_max_budget_is_a_setting():
-    from trace_rl.rollout import MAX_BUDGET, RolloutConfig
+    from trace_rl.methods import MAX_BUDGET
+    from trace_rl.rollout import RolloutConfig
 
     assert RolloutConfig(budget_unit="tokens", budget=100 * MAX_BUDGET).budget == 100 * MAX_BUDGET

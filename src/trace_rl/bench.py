@@ -32,7 +32,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -91,29 +91,18 @@ def parse_row(row: str) -> tuple[str, str | None]:
     return name, values or None
 
 
-@dataclass(frozen=True)
-class BenchConfig:
-    """The default regime: 64 candidate prompts and 6 leaves per prompt on average per batch."""
+@dataclass
+class BenchConfig(AllocationSettings):
+    """The default regime: 64 candidate prompts and 6 leaves per prompt on average per batch. The
+    budget's settings are `AllocationSettings`, the same for every row, as training's `rollout.*`."""
 
+    budget: int = 384
+    """Leaves per batch (`AllocationSettings.budget`), here 6 per candidate prompt."""
     prompts_per_batch: int = 64
     """Candidate prompts per batch (fresh prompts every batch)."""
-    budget: int = 384
-    """Leaves per batch, the same for every row."""
-    stage1_share: float = 0.5
-    """Share of the budget spent on bare rollouts by two-stage methods; the rest expands prefixes."""
-    min_per_prompt: int = 2
-    """A sampled prompt gets at least this many bare rollouts."""
-    pcl_keep_share: float = 0.5
-    """`pcl`: share of the candidate prompts kept."""
-    stage2_objective: Literal["anchor", "prompt"] = "anchor"
-    """TRACE's Stage-2 objective (`AllocationSettings.stage2_objective`)."""
     stage2_evidence: bool = False
     """Rows with TRACE's Stage 2 allocate with the evidence posterior (`rollout.stage2_evidence`), each
     row fitting its own on its own trees."""
-    budget_unit: Literal["leaves", "tokens"] = "leaves"
-    """`tokens`: `budget` is expected generated tokens per batch, spent as `rollout.budget_unit: tokens`
-    spends them (each row learns its costs from its own trees, `TokenCosts`); rows hold the leaves
-    that buys."""
     seeds: int = 5
     """Independent worlds (topics, difficulties, words) and rollout streams."""
     batches: int = 20
@@ -134,14 +123,9 @@ class BenchConfig:
     sim: SimConfig = field(default_factory=SimConfig)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.prompts_per_batch < 1:
             raise ValueError(f"prompts_per_batch must be >= 1, got {self.prompts_per_batch!r}")
-        if self.stage2_objective not in ("anchor", "prompt"):
-            raise ValueError(f"stage2_objective must be 'anchor' or 'prompt', got {self.stage2_objective!r}")
-        if not 0.0 < self.stage1_share <= 1.0:
-            raise ValueError(f"stage1_share must be in (0, 1], got {self.stage1_share!r}")
-        if self.min_per_prompt < 2:
-            raise ValueError(f"min_per_prompt must be >= 2, got {self.min_per_prompt!r}")
         if round(self.budget * self.stage1_share) < self.min_per_prompt:
             raise ValueError(
                 f"the Stage 1 budget round(budget * stage1_share) = {round(self.budget * self.stage1_share)} "
@@ -157,20 +141,10 @@ class BenchConfig:
             raise ValueError(f"methods must be a non-empty list without repeats, got {self.methods!r}")
         for row in self.methods:
             parse_row(row)
-        if self.budget_unit not in ("leaves", "tokens"):
-            raise ValueError(f"budget_unit must be 'leaves' or 'tokens', got {self.budget_unit!r}")
         if self.budget_unit == "tokens":
             unable = [row for row in self.methods if not get_method(parse_row(row)[0]).allocates_tokens]
             if unable:
                 raise ValueError(f"rows {unable} allocate leaves, not tokens (budget_unit tokens)")
-            if self.stage2_objective != "anchor":
-                raise ValueError("stage2_objective must be 'anchor' under budget_unit tokens")
-
-    def allocation(self) -> AllocationSettings:
-        return AllocationSettings(
-            budget=self.budget, stage1_share=self.stage1_share, min_per_prompt=self.min_per_prompt, pcl_keep_share=self.pcl_keep_share,
-            stage2_objective=self.stage2_objective, budget_unit=self.budget_unit,
-        )
 
 
 ValueFn = Callable[[list[RolloutTree], Sequence[tuple[int, int]]], np.ndarray]

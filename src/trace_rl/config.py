@@ -15,6 +15,7 @@ import reprlib
 import types
 import typing
 import urllib.parse
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,6 +164,7 @@ def from_dict(cls: type[T], data: dict[str, Any] | None, *, prefix: str = "") ->
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {type(data).__name__}: {_show(data)}")
+    data = _moved_keys(data, getattr(cls, "RENAMED_KEYS", {}), prefix)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     hints = typing.get_type_hints(cls)
     for key in data:
@@ -180,6 +182,46 @@ def from_dict(cls: type[T], data: dict[str, Any] | None, *, prefix: str = "") ->
     except (TypeError, ValueError) as exc:  # __post_init__ validation
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {exc}") from exc
 
+
+def _moved_keys(data: dict[str, Any], renamed: dict[str, str], prefix: str) -> dict[str, Any]:
+    """`data` with each key a config class renamed (its `RENAMED_KEYS`: old -> new dotted name, relative
+    to the class) moved to its new place, with one warning naming them, so configs and run folders
+    written before a rename still load; both names given is an error. `data` itself is left as it was."""
+    moved = []
+    for old, new in renamed.items():
+        *old_path, old_key = old.split(".")
+        *new_path, new_key = new.split(".")
+        source, target = _mapping_at(data, old_path), _mapping_at(data, new_path, missing={})
+        if source is None or old_key not in source or target is None:
+            continue  # nothing to move, or a section that is not a mapping (from_dict says so)
+        if new_key in target:
+            raise ConfigError(f"{prefix}{old} and {prefix}{new} are both set: {old} is now {new}; keep only {new}")
+        value = source[old_key]
+        data = _replaced(data, old_path, {k: v for k, v in source.items() if k != old_key})
+        data = _replaced(data, new_path, {**(_mapping_at(data, new_path, missing={}) or {}), new_key: value})
+        moved.append(f"{prefix}{old} -> {prefix}{new}")
+    if moved:
+        warnings.warn(f"renamed config keys, read under their new names: {', '.join(moved)}", FutureWarning, stacklevel=3)
+    return data
+
+
+def _mapping_at(data: dict[str, Any], path: Sequence[str], missing: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The mapping at `path` in `data` (`missing` where a part of the path is absent; None where a part is not a mapping)."""
+    for part in path:
+        if part not in data:
+            return missing
+        data = data[part]
+        if not isinstance(data, dict):
+            return None
+    return data
+
+
+def _replaced(data: dict[str, Any], path: Sequence[str], value: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `data` with the mapping at `path` (made where absent) replaced by `value`."""
+    if not path:
+        return value
+    inner = data.get(path[0], {})
+    return {**data, path[0]: _replaced(inner if isinstance(inner, dict) else {}, path[1:], value)}
 
 def to_dict(config: Any) -> dict[str, Any]:
     return dataclasses.asdict(config)
@@ -480,7 +522,7 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
 
 @dataclass
 class ModelConfig:
-    """Which policy, where it runs, and how it generates."""
+    """Which policy and where it runs (how it generates: `EngineConfig`)."""
 
     name: str = "tiny"
     """`tiny`, `smollm2-135m`, a local Hugging Face model folder, or a hub id (with `download`)."""
@@ -503,8 +545,29 @@ class ModelConfig:
     """Dtype the RL policy's weights are loaded in (the update and the `hf` engine share them)."""
     device: str = "cpu"
     """Torch device of the policy (`cpu`, `cuda`, `cuda:<index>` or `mps`); checked to exist when the config loads."""
-    engine: Literal["hf", "openai"] = "hf"
-    """`hf`: transformers in this process; `openai`: a vLLM / SGLang server at `server_urls`."""
+    cpu_threads: int = 1
+    """torch CPU threads (decoding, update, evaluation; the warm start always uses every core). One does
+    not collapse when other jobs share the cores, as busy-waiting worker threads do (`compare` with
+    `workers` > 1); on an idle machine more are faster, even for the tiny model: on 2 cores, 2 threads
+    made the demo's step 1.6x faster than 1 (decoding 1.7x, the update 1.7x; `benchmarks/step_speed.py`)."""
+
+    def __post_init__(self) -> None:
+        if self.name == "tiny" and not self.warm_start:
+            raise FieldError("warm_start", self.warm_start, "true with name=tiny (an untrained tiny model cannot use the tools)")
+        if self.split_digits and self.name != "tiny":
+            raise FieldError("split_digits", self.split_digits, "false unless name=tiny (other models bring their own tokenizer)")
+        check_range(self, "cpu_threads", ge=1)
+        check_range(self, "lora_rank", ge=0, le=4096, why="0: no adapters, every weight trains")
+        check_range(self, "lora_alpha", ge=1)
+
+
+@dataclass
+class EngineConfig:
+    """How the policy generates: transformers in this process (`hf`) or OpenAI-compatible servers
+    (`openai`, vLLM / SGLang), and how the servers get the trainer's weights."""
+
+    name: Literal["hf", "openai"] = "hf"
+    """`hf`: transformers in this process; `openai`: vLLM / SGLang servers at `server_urls`."""
     server_urls: list[str] = field(default_factory=list)
     """Base URLs of the OpenAI-compatible servers of `engine: openai` (a bare `http://host:port` gets `/v1`);
     each tree's requests go to one of them, so its branches share that server's prefix cache."""
@@ -515,11 +578,11 @@ class ModelConfig:
     server_retry_wait_s: float = 1.0
     """Wait before the first retry; it doubles for each next one."""
     weight_sync: Literal["none", "vllm", "sglang"] = "none"
-    """How the trainer's new weights reach the servers of `engine: openai` after every update: written
+    """How the trainer's new weights reach the servers of `name: openai` after every update: written
     to `weight_dir` as a Hugging Face checkpoint, then `vllm` asks each vLLM server to reload them
     (`POST /collective_rpc` `reload_weights`, then `/reset_prefix_cache`; the server needs
     `VLLM_SERVER_DEV_MODE=1`, as `scripts/vllm_cpu_server.sh` sets) and `sglang` each SGLang server
-    (`POST /update_weights_from_disk`). `none`: the servers keep their weights, so `engine: openai`
+    (`POST /update_weights_from_disk`). `none`: the servers keep their weights, so `name: openai`
     can sample and evaluate but not train."""
     weight_dir: str | None = None
     """Folder the servers can read where pushed weights are written (one checkpoint, replaced at each
@@ -536,19 +599,10 @@ class ModelConfig:
     prefix_cache_mb: float = 1024.0
     """Memory the `hf` engine may keep for the KV caches of earlier turns and branches (0: none, every
     prompt is prefilled whole); emptied whenever the weights change."""
-    cpu_threads: int = 1
-    """torch CPU threads (decoding, update, evaluation; the warm start always uses every core). One does
-    not collapse when other jobs share the cores, as busy-waiting worker threads do (`compare` with
-    `workers` > 1); on an idle machine more are faster, even for the tiny model: on 2 cores, 2 threads
-    made the demo's step 1.6x faster than 1 (decoding 1.7x, the update 1.7x; `benchmarks/step_speed.py`)."""
 
     def __post_init__(self) -> None:
-        if self.name == "tiny" and not self.warm_start:
-            raise FieldError("warm_start", self.warm_start, "true with name=tiny (an untrained tiny model cannot use the tools)")
-        if self.split_digits and self.name != "tiny":
-            raise FieldError("split_digits", self.split_digits, "false unless name=tiny (other models bring their own tokenizer)")
-        if self.engine == "openai" and not self.server_urls:
-            raise FieldError("engine", self.engine, "hf, or openai with server_urls naming its servers (e.g. ['http://127.0.0.1:8000'])")
+        if self.name == "openai" and not self.server_urls:
+            raise FieldError("name", self.name, "hf, or openai with server_urls naming its servers (e.g. ['http://127.0.0.1:8000'])")
         for index, url in enumerate(self.server_urls):
             if not isinstance(url, str) or not is_http_url(url):
                 raise FieldError(f"server_urls[{index}]", url, "an http:// or https:// URL with a host")
@@ -556,16 +610,13 @@ class ModelConfig:
         check_range(self, "server_retries", ge=0, le=100)
         check_range(self, "server_retry_wait_s", ge=0, le=3600, why="seconds")
         check_choice(self, "weight_sync", ("none", "vllm", "sglang"))
-        if self.weight_sync != "none" and self.engine != "openai":
-            raise FieldError("weight_sync", self.weight_sync, "none with engine hf (the hf engine shares the trainer's weights)")
+        if self.weight_sync != "none" and self.name != "openai":
+            raise FieldError("weight_sync", self.weight_sync, "none with name hf (the hf engine shares the trainer's weights)")
         if self.weight_dir is not None and not str(self.weight_dir).strip():
             raise FieldError("weight_dir", self.weight_dir, "a folder path or null")
         check_range(self, "max_batch_size", ge=1)
         check_choice(self, "generation_precision", ("auto", "fp32", "bf16"))
         check_range(self, "prefix_cache_mb", ge=0, why="0: no prefix cache")
-        check_range(self, "cpu_threads", ge=1)
-        check_range(self, "lora_rank", ge=0, le=4096, why="0: no adapters, every weight trains")
-        check_range(self, "lora_alpha", ge=1)
 
 
 @dataclass

@@ -14,42 +14,94 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 import numpy as np
 
-from trace_rl.allocate import allocate_roots, expand_for_prompts, expand_prefixes, knapsack_roots, pcl_roots, random_prefixes, uniform_roots
-from trace_rl.mixing import BraceConfig, PrefixPosterior, brace_groups, expand_expected, group_mixing
+from trace_rl.allocate import (
+    allocate_roots,
+    expand_for_prompts,
+    expand_prefixes,
+    knapsack_roots,
+    pcl_roots,
+    random_prefixes,
+    uniform_roots,
+)
+from trace_rl.config import FieldError, check_choice, check_range
+from trace_rl.mixing import (
+    BraceConfig,
+    PrefixPosterior,
+    brace_groups,
+    expand_expected,
+    group_mixing,
+)
 from trace_rl.predictor import PredictorKind, PromptEvidence
 from trace_rl.token_budget import allocate_roots_by_cost, expand_prefixes_by_cost
 
+MAX_BUDGET = 65_536
+"""Most leaves one batch may hold: far above published RL batches (512 prompts x 16 rollouts is 8,192),
+so a larger budget is a typo; a budget of 10**9 ran out of memory after 92 s instead of being refused."""
+MAX_TOKEN_BUDGET = 2**27
+"""Most expected generated tokens one batch may spend (`budget_unit: tokens`): 8,192 rollouts of 16k."""
 
-@dataclass(frozen=True)
+
+@dataclass
 class AllocationSettings:
-    """The allocation knobs shared by every method (from `rollout.*` in training, `BenchConfig` in the
-    benchmark): the planner needs nothing else."""
+    """How a batch's budget is spent, for every method: all the planner reads. Training's
+    `RolloutConfig` (`rollout.*`) and the benchmark's `BenchConfig` are these plus settings of their
+    own, so each knob is declared, documented and checked here once."""
 
-    budget: int
-    """Leaves per batch (a continuation from a prefix counts as one), or expected generated tokens per
-    batch when `budget_unit` is `tokens`."""
+    budget: int = 64
+    """Leaves per batch (one rollout = one leaf; a continuation from a prefix counts as one), from
+    `min_per_prompt` to `MAX_BUDGET`; with `budget_unit: tokens`, expected generated tokens per batch."""
+    budget_unit: Literal["leaves", "tokens"] = "leaves"
+    """`leaves`: every rollout costs one (the paper's budget). `tokens`: a rollout costs its expected
+    generated tokens, learnt from the trees so far (`trace_rl.token_budget.TokenCosts`: per depth, per
+    task), so a continuation from a deep prefix is cheaper than a fresh rollout; both stages spend
+    `budget` tokens (exact solvers, `trace_rl.token_budget`) and a batch holds as many leaves as that
+    buys. For the methods whose allocators can (`MethodSpec.allocates_tokens`); Stage 2 then uses the
+    `anchor` objective."""
     stage1_share: float = 0.5
     """Share of the budget spent on bare rollouts when the method has a Stage 2."""
     min_per_prompt: int = 2
+    """A prompt gets zero rollouts or at least this many (one rollout has nothing to contrast with)."""
     max_per_prompt: int | None = None
+    """Most rollouts the exact and Knapsack-RL Stage-1 allocators give one prompt (None: no cap)."""
     max_per_prefix: int | None = None
-    success_threshold: float = 0.5
-    """A bare rollout counts as a success (Stage 2's observed outcome r) when its reward exceeds this."""
+    """Most continuations one prefix may get in Stage 2 (None: no cap)."""
     pcl_keep_share: float = 0.5
-    """PCL: share of the candidate prompts kept (the candidate pool is 1 / share times larger)."""
+    """`pcl`: share of the candidate prompts it keeps (those predicted nearest p = 0.5)."""
+    success_threshold: float = 0.5
+    """A leaf counts as a success for Stage 2's observed outcome r when its reward exceeds this."""
     stage2_objective: Literal["anchor", "prompt"] = "anchor"
-    """TRACE's Stage 2: `anchor` (the paper's: Σ over prefixes of the chance an anchor turns mixed) or
-    `prompt` (the expected number of prompts that end mixed, `allocate.expand_for_prompts`)."""
-    budget_unit: Literal["leaves", "tokens"] = "leaves"
-    """`tokens`: each stage spends expected generated tokens (`trace_rl.token_budget`); the allocators
-    then get every candidate's expected cost."""
+    """What TRACE's Stage 2 maximises: `anchor`, the paper's Σ over prefixes of the chance that an anchor
+    turns mixed; `prompt`, the expected number of prompts that end mixed (what the effective ratio
+    counts: `trace_rl.allocate.expand_for_prompts`). `benchmarks/stage2_objective.py` compares them."""
     brace: BraceConfig = field(default_factory=BraceConfig)
-    """The `brace` method's group size, ε and τ."""
+    """The `brace` method's settings (group size, ε, τ, decay, warm bank, certified exclusion)."""
+
+    def __post_init__(self) -> None:
+        check_range(self, "min_per_prompt", ge=2, why="one rollout has nothing to contrast with")
+        check_choice(self, "budget_unit", ("leaves", "tokens"))
+        check_choice(self, "stage2_objective", ("anchor", "prompt"))
+        if self.budget_unit == "tokens":
+            check_range(self, "budget", ge=1, le=MAX_TOKEN_BUDGET, why="expected generated tokens per batch")
+            if self.stage2_objective != "anchor":
+                raise FieldError("stage2_objective", self.stage2_objective, "anchor with budget_unit tokens (the prompt objective spends leaves)")
+        else:
+            check_range(self, "budget", ge=1, le=MAX_BUDGET)
+            if self.budget < self.min_per_prompt:
+                raise FieldError("budget", self.budget, f">= min_per_prompt={self.min_per_prompt} (a sampled prompt gets at least that many rollouts)")
+        check_range(self, "stage1_share", gt=0, le=1)
+        check_range(self, "max_per_prompt", ge=self.min_per_prompt, nullable=True, why="at least min_per_prompt; null: no cap")
+        check_range(self, "max_per_prefix", ge=1, nullable=True, why="null: no cap")
+        check_range(self, "pcl_keep_share", gt=0, le=1)
+        check_range(self, "success_threshold", ge=0, lt=1, why="rewards lie in [0, 1] and a success is a reward above it")
+
+    def allocation(self) -> AllocationSettings:
+        """The planner's view: these settings alone, as a copy (a subclass's own settings left out)."""
+        return AllocationSettings(**{f.name: getattr(self, f.name) for f in fields(AllocationSettings)})
 
 
 Stage1Allocator = Callable[..., np.ndarray]

@@ -50,18 +50,10 @@ from trace_rl.methods import (
     get_method,
 )
 from trace_rl.metrics import tree_metrics
-from trace_rl.mixing import BraceConfig
 from trace_rl.plan import Planner, Request
 from trace_rl.predictor.base import KnowsPrompts, SuccessPredictor
 from trace_rl.token_budget import TokenCosts
 from trace_rl.tree import History, RolloutTree
-
-MAX_BUDGET = 65_536
-"""Most leaves one batch may hold: far above published RL batches (512 prompts x 16 rollouts is 8,192),
-so a larger budget is a typo; a budget of 10**9 ran out of memory after 92 s instead of being refused."""
-MAX_TOKEN_BUDGET = 2**27
-"""Most expected generated tokens one batch may spend (`budget_unit: tokens`): 8,192 rollouts of 16k."""
-
 
 SAMPLE_WAVE = 128
 """Most rollouts `TreeRolloutCollector.sample` keeps in flight at once. A rollout's next turn reuses
@@ -71,32 +63,13 @@ turn re-prefilled its whole history, 4x slower per rollout than a training step.
 
 
 @dataclass
-class RolloutConfig:
-    """How one batch of trees is sampled and how its budget is spent."""
+class RolloutConfig(AllocationSettings):
+    """How one batch of trees is sampled and how its budget is spent (the budget's settings:
+    `AllocationSettings`, the fields before these)."""
 
     method: MethodName = "trace"
     """The method (`trace_rl.methods.METHODS`): grpo | prompt_only | knapsack | pcl | random_tree | dapo |
     brace | trace_stage1 | trace_stage2 | trace."""
-    budget: int = 64
-    """Leaves per batch (one rollout = one leaf; a continuation from a prefix counts as one), from
-    `min_per_prompt` to `MAX_BUDGET`; with `budget_unit: tokens`, expected generated tokens per batch."""
-    budget_unit: Literal["leaves", "tokens"] = "leaves"
-    """`leaves`: every rollout costs one (the paper's budget). `tokens`: a rollout costs its expected
-    generated tokens, learnt from the trees so far (`trace_rl.token_budget.TokenCosts`: per depth, per
-    task), so a continuation from a deep prefix is cheaper than a fresh rollout; both stages spend
-    `budget` tokens (exact solvers, `trace_rl.token_budget`) and a batch holds as many leaves as that
-    buys. For the methods whose allocators can (`MethodSpec.allocates_tokens`); Stage 2 then uses the
-    `anchor` objective."""
-    stage1_share: float = 0.5
-    """Share of the budget spent on bare rollouts when the method has a Stage 2."""
-    min_per_prompt: int = 2
-    """A prompt gets zero rollouts or at least this many (one rollout has nothing to contrast with)."""
-    max_per_prompt: int | None = None
-    """Most rollouts the exact and Knapsack-RL Stage-1 allocators give one prompt (None: no cap)."""
-    max_per_prefix: int | None = None
-    """Most continuations one prefix may get in Stage 2 (None: no cap)."""
-    pcl_keep_share: float = 0.5
-    """`pcl`: share of the candidate prompts it keeps (those predicted nearest p = 0.5)."""
     max_new_tokens: int = 64
     """Tokens per turn."""
     max_context_tokens: int = 2048
@@ -105,14 +78,8 @@ class RolloutConfig:
     """Sampling temperature of the rollouts and of the sampled held-out evaluation (0: greedy)."""
     top_p: float = 1.0
     """Nucleus sampling: each token is drawn from the smallest set of tokens holding this much probability (1: all)."""
-    success_threshold: float = 0.5
-    """A leaf counts as a success for Stage 2's observed outcome r when its reward exceeds this."""
     env_workers: int = 4
     """Threads that run tool calls concurrently (in each worker)."""
-    stage2_objective: Literal["anchor", "prompt"] = "anchor"
-    """What TRACE's Stage 2 maximises: `anchor`, the paper's Σ over prefixes of the chance that an anchor
-    turns mixed; `prompt`, the expected number of prompts that end mixed (what the effective ratio
-    counts: `trace_rl.allocate.expand_for_prompts`). `benchmarks/stage2_objective.py` compares them."""
     stage2_evidence: bool = False
     """TRACE's Stage 2 allocates with each prefix's success estimate updated on the batch's bare
     rollouts (the outcome of the one through the prefix, its prompt's successes), a Beta posterior
@@ -124,8 +91,6 @@ class RolloutConfig:
     anchor turns mixed, under that Beta posterior and a correlation between one prefix's continuations
     fitted on the run's own groups of them (`trace_rl.mixing.expand_expected`), instead of plugging the
     posterior mean into the paper's value. Exact solver either way."""
-    brace: BraceConfig = field(default_factory=BraceConfig)
-    """The `brace` method's settings (group size, ε, τ, decay, warm bank, certified exclusion)."""
     backend: Literal["local", "ray"] = "local"
     """Where rollouts are executed: `local` in this process, or `ray` on `workers` Ray actors (extra
     `ray`, `trace_rl.distributed`), each with its own engine and env. Planning stays here either way, and
@@ -136,31 +101,16 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         get_method(self.method)  # raises with the known names
-        check_range(self, "min_per_prompt", ge=2, why="one rollout has nothing to contrast with")
-        check_choice(self, "budget_unit", ("leaves", "tokens"))
-        if self.budget_unit == "tokens":
-            check_range(self, "budget", ge=1, le=MAX_TOKEN_BUDGET, why="expected generated tokens per batch")
-            if not get_method(self.method).allocates_tokens:
-                able = ", ".join(name for name, spec in METHODS.items() if spec.allocates_tokens)
-                raise FieldError("budget_unit", self.budget_unit, f"leaves for method {self.method!r}, whose allocator spends leaves (tokens: {able})")
-            if self.stage2_objective != "anchor":
-                raise FieldError("stage2_objective", self.stage2_objective, "anchor with budget_unit tokens (the prompt objective spends leaves)")
-        else:
-            check_range(self, "budget", ge=1, le=MAX_BUDGET)
-            if self.budget < self.min_per_prompt:
-                raise FieldError("budget", self.budget, f">= min_per_prompt={self.min_per_prompt} (a sampled prompt gets at least that many rollouts)")
-        check_range(self, "stage1_share", gt=0, le=1)
-        check_range(self, "max_per_prompt", ge=self.min_per_prompt, nullable=True, why="at least min_per_prompt; null: no cap")
-        check_range(self, "max_per_prefix", ge=1, nullable=True, why="null: no cap")
-        check_range(self, "pcl_keep_share", gt=0, le=1)
+        super().__post_init__()
+        if self.budget_unit == "tokens" and not get_method(self.method).allocates_tokens:
+            able = ", ".join(name for name, spec in METHODS.items() if spec.allocates_tokens)
+            raise FieldError("budget_unit", self.budget_unit, f"leaves for method {self.method!r}, whose allocator spends leaves (tokens: {able})")
         check_range(self, "max_new_tokens", ge=1)
         check_range(self, "max_context_tokens", gt=self.max_new_tokens,
                     why="room for a prompt and a full turn of max_new_tokens; the prompts are measured once the tokenizer is loaded")
         check_range(self, "temperature", ge=0, why="0: greedy")
         check_range(self, "top_p", gt=0, le=1)
-        check_range(self, "success_threshold", ge=0, lt=1, why="rewards lie in [0, 1] and a success is a reward above it")
         check_range(self, "env_workers", ge=1)
-        check_choice(self, "stage2_objective", ("anchor", "prompt"))
         if self.stage2_expected and not self.stage2_evidence:
             raise FieldError("stage2_expected", self.stage2_expected, "false unless rollout.stage2_evidence is true (it takes the expectation under that posterior)")
         if self.stage2_expected and (self.budget_unit != "leaves" or self.stage2_objective != "anchor"):
@@ -180,21 +130,6 @@ class RolloutConfig:
     @property
     def spec(self) -> MethodSpec:
         return get_method(self.method)
-
-    def allocation(self) -> AllocationSettings:
-        """The planner's view of this config."""
-        return AllocationSettings(
-            budget=self.budget,
-            stage1_share=self.stage1_share,
-            min_per_prompt=self.min_per_prompt,
-            max_per_prompt=self.max_per_prompt,
-            max_per_prefix=self.max_per_prefix,
-            success_threshold=self.success_threshold,
-            pcl_keep_share=self.pcl_keep_share,
-            stage2_objective=self.stage2_objective,
-            budget_unit=self.budget_unit,
-            brace=self.brace,
-        )
 
     @property
     def stage1_budget(self) -> int:

@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from trace_rl.agent.types import Task, TaskSet
 from trace_rl.config import (
     MAX_SEED,
     ConfigError,
+    EngineConfig,
     FieldError,
     ModelConfig,
     TaskConfig,
@@ -67,12 +68,22 @@ class RunConfig:
     prompts_per_step: int = 16
     """Candidate prompts drawn per batch (Stage 1 may give some of them no rollouts)."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """`rollout.method` is the run's method (`trace_rl.methods.METHODS`)."""
     predictor: PredictorConfig = field(default_factory=PredictorConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {
+        "model.engine": "engine.name",
+        **{f"model.{key}": f"engine.{key}" for key in (
+            "server_urls", "server_timeout_s", "server_retries", "server_retry_wait_s", "weight_sync", "weight_dir",
+            "max_batch_size", "generation_precision", "prefix_cache_mb")},
+    }
+    """Keys that moved (old -> new dotted name): a config or run folder that uses an old one still loads,
+    with a warning (`config.from_dict`)."""
 
     def __post_init__(self) -> None:
         """The checks that span sections or ask the machine; each section checked its own ranges."""
@@ -331,11 +342,11 @@ def check_trainable(config: RunConfig) -> None:
                 "that writes its tool calls: give the task set one (task_set(oracle=...) or task_set(demonstrations=...)), "
                 "or start from a pretrained model without a warm start (model.warm_start=false)"
             )
-    if config.model.engine == "openai":
-        if config.model.weight_sync == "none":
+    if config.engine.name == "openai":
+        if config.engine.weight_sync == "none":
             raise ConfigError(
-                "model.engine=openai trains only with a weight push: set model.weight_sync to vllm or sglang (the "
-                "servers reload each update's weights from model.weight_dir); with none the servers would keep "
+                "engine.name=openai trains only with a weight push: set engine.weight_sync to vllm or sglang (the "
+                "servers reload each update's weights from engine.weight_dir); with none the servers would keep "
                 "sampling from the starting weights while the local model trains. `rollout` and `eval` work without one."
             )
 
@@ -371,7 +382,7 @@ def build_parts(config: RunConfig, *, progress: Callable[[int, float], None] | N
     name = policy_source(config, demos, env, progress=progress)
     policy = load_policy(name, seed=config.seed, dtype=model.dtype, device=model.device, lora=lora_spec(model))
     check_context_room(config, policy.tokenizer, env, (train, test))
-    engine = build_engine(model, policy)
+    engine = build_engine(config.engine, policy)
     predictor = build_predictor(config, train, own=run_dir)
     executor = build_executor(config, name, engine, policy) if config.rollout.backend == "ray" else None
     collector = TreeRolloutCollector(engine, policy.tokenizer, env, predictor, config.rollout, seed=config.seed, executor=executor)
@@ -406,7 +417,7 @@ def build_worker(config: RunConfig, policy_name: str) -> tuple[RolloutRunner, An
         model = replace(model, device="cuda")  # Ray makes the actor's GPU its only visible one
     env = build_env(config, task_splits(config)[1])
     policy = load_policy(policy_name, seed=config.seed, dtype=model.dtype, device=model.device, lora=lora_spec(model))
-    engine = build_engine(model, policy)
+    engine = build_engine(config.engine, policy)
     return RolloutRunner(engine, policy.tokenizer, env, config.rollout), policy.model if engine.accepts_weights else None
 
 
@@ -417,27 +428,27 @@ def lora_spec(model: ModelConfig) -> Any:
     return LoraSpec(r=model.lora_rank, alpha=model.lora_alpha) if model.lora_rank else None
 
 
-def build_engine(model: ModelConfig, policy: Any) -> Engine:
-    """The engine `model.engine` names, sampling from `policy` (in process, or the server's copy of it)."""
-    if model.engine == "openai":
+def build_engine(engine: EngineConfig, policy: Any) -> Engine:
+    """The engine `engine.name` names, sampling from `policy` (in process, or the server's copy of it)."""
+    if engine.name == "openai":
         from trace_rl.engine.openai_server import OpenAIEngine
 
-        if not model.server_urls:
-            raise ValueError("model.engine=openai needs model.server_urls (e.g. ['http://127.0.0.1:8000'])")
+        if not engine.server_urls:
+            raise ValueError("engine.name=openai needs engine.server_urls (e.g. ['http://127.0.0.1:8000'])")
         return OpenAIEngine(
-            model.server_urls,
-            timeout_s=model.server_timeout_s,
-            retries=model.server_retries,
-            retry_wait_s=model.server_retry_wait_s,
+            engine.server_urls,
+            timeout_s=engine.server_timeout_s,
+            retries=engine.server_retries,
+            retry_wait_s=engine.server_retry_wait_s,
             tokenizer=policy.tokenizer,
             vocab_size=int(policy.model.get_output_embeddings().weight.shape[0]),
-            weight_sync=model.weight_sync,
-            weight_dir=model.weight_dir,
+            weight_sync=engine.weight_sync,
+            weight_dir=engine.weight_dir,
         )
     from trace_rl.engine.hf import HFEngine
 
     return HFEngine.from_policy(
-        policy, max_batch_size=model.max_batch_size, prefix_cache_mb=model.prefix_cache_mb, precision=model.generation_precision
+        policy, max_batch_size=engine.max_batch_size, prefix_cache_mb=engine.prefix_cache_mb, precision=engine.generation_precision
     )
 
 
@@ -507,7 +518,8 @@ def evaluate_policy(config: RunConfig, run_dir: str | Path | None = None, *, sam
 RESUMABLE_CHANGES = frozenset(
     {
         *(f"train.{k}" for k in ("steps", "eval_every", "eval_samples", "checkpoint_every", "save_trees", "tensorboard", "wandb_project")),
-        *(f"model.{k}" for k in ("cpu_threads", "max_batch_size", "prefix_cache_mb", "device", "server_urls", "server_timeout_s", "server_retries", "server_retry_wait_s")),
+        *(f"model.{k}" for k in ("cpu_threads", "device")),
+        *(f"engine.{k}" for k in ("max_batch_size", "prefix_cache_mb", "server_urls", "server_timeout_s", "server_retries", "server_retry_wait_s")),
         "rollout.backend",
         "rollout.workers",
     }

@@ -41,7 +41,7 @@ must name a `step_XXXX.pt` file inside the folder, never a path elsewhere. `metr
 trees are JSON; `config.yaml` is YAML read with `safe_load` into typed, checked fields. What such a
 folder can still make `eval` or `train --resume` do is what its config asks for, as a command line
 would: load the model `model.name` names (a hub name or a local path; transformers loads it without
-remote code), send prompts to `model.server_urls` and queries to `task.search_url`, log to
+remote code), send prompts to `engine.server_urls` and queries to `task.search_url`, log to
 `train.wandb_project`, and spend the compute its budget and steps ask for. Read its config.yaml first.
 """
 

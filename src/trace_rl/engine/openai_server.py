@@ -107,7 +107,7 @@ class OpenAIEngine:
         if self.weight_sync == "none":
             raise EngineError(
                 "OpenAIEngine has weight_sync=none, so the servers would keep sampling from the starting policy while "
-                "training moves on (off-policy without saying so); set model.weight_sync to vllm or sglang"
+                "training moves on (off-policy without saying so); set engine.weight_sync to vllm or sglang"
             )
         folder = self._weight_root() / f"v{version}"
         _save_checkpoint(model, folder)

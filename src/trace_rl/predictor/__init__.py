@@ -22,7 +22,7 @@ from trace_rl.predictor.base import (
 )
 from trace_rl.predictor.bank import BraceBank, bank_counts
 from trace_rl.predictor.guard import GuardedPredictor
-from trace_rl.predictor.hashed import HashedNgramPredictor, PredictorConfig
+from trace_rl.predictor.hashed import HashedNgramPredictor, PredictorAdvanced, PredictorConfig
 from trace_rl.predictor.history import PromptHistoryPredictor
 
 PredictorKind = Literal["shared", "prompt_history", "knapsack_history", "brace_bank"]
@@ -56,6 +56,7 @@ __all__ = [
     "HashedNgramPredictor",
     "KnowsPrompts",
     "PREDICTORS",
+    "PredictorAdvanced",
     "PredictorConfig",
     "PredictorKind",
     "PromptEvidence",

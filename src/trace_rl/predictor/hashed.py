@@ -96,7 +96,8 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
+from typing import ClassVar
 
 import numpy as np
 
@@ -141,8 +142,8 @@ class _Logistic:
     ) -> tuple[int, int]:
         """`epochs` AdaGrad passes of weighted cross-entropy over the CSR examples, minibatches in `rng`
         order, each step scaled down so that it moves no logit of its minibatch by more than
-        `config.max_logit_step`. Returns (steps taken, steps the cap scaled down)."""
-        lr, l2, size, cap = config.learning_rate, config.l2, config.batch_size, config.max_logit_step
+        `config.advanced.max_logit_step`. Returns (steps taken, steps the cap scaled down)."""
+        lr, l2, size, cap = config.learning_rate, config.advanced.l2, config.advanced.batch_size, config.advanced.max_logit_step
         steps = capped = 0
         for _ in range(epochs):
             order = rng.permutation(y.size)
@@ -192,18 +193,13 @@ otherwise fail with a MemoryError only when the predictor is built, after the wa
 
 
 @dataclass
-class PredictorConfig:
-    """Settings of the shared predictor Ṽψ (`HashedNgramPredictor`): the run config's `predictor` section.
-
-    Their defaults live here and nowhere else.
-    """
+class PredictorAdvanced:
+    """The hashed predictor's tuned internals (`predictor.advanced`): sizes, AdaGrad's schedule, replay
+    and calibration. Their defaults were chosen on the simulator and on real trees (docs/results,
+    `benchmarks/predictor_replay.py`); a run needs none of them set."""
 
     num_features: int = 2**18
     """Size of each hashed weight vector (collisions are rare well below it)."""
-    max_ngram: int = 2
-    """Longest word n-gram (1 = words only, 2 = words and word pairs)."""
-    learning_rate: float = 0.3
-    """AdaGrad step size."""
     l2: float = 1e-4
     """L2 penalty on the weights touched by a minibatch (the biases are not penalised)."""
     epochs: int = 2
@@ -248,6 +244,32 @@ class PredictorConfig:
     """Largest slope a of a calibration (the smallest is 0: a calibration may ignore the raw logit, never
     reverse it). Without a bound the old Platt scaling reached slopes of 670-1190 on a demo run; 1 and
     2 score the same on the replayed runs."""
+
+    def __post_init__(self) -> None:
+        check_range(self, "num_features", ge=2, le=MAX_FEATURES, why="each is a float64 weight and accumulator in two models")
+        for name in ("initial_accumulator", "calibration_prior"):
+            check_range(self, name, gt=0)
+        for name in ("epochs", "root_epochs", "batch_size"):
+            check_range(self, name, ge=1)
+        for name in ("replay_batches", "calibration_batches"):
+            check_range(self, name, ge=0, why="0: none")
+        check_range(self, "l2", ge=0)
+        check_range(self, "max_logit_step", ge=0, why="0: no cap")
+        check_range(self, "calibration_margin", ge=0, lt=1)
+        check_range(self, "calibration_max_slope", ge=0)
+
+
+@dataclass
+class PredictorConfig:
+    """Settings of the shared predictor Ṽψ (`HashedNgramPredictor`): the run config's `predictor` section.
+
+    Their defaults live here and nowhere else.
+    """
+
+    max_ngram: int = 2
+    """Longest word n-gram (1 = words only, 2 = words and word pairs)."""
+    learning_rate: float = 0.3
+    """AdaGrad step size."""
     turn_features: bool = False
     """Whether the shared model reads the n-grams of a prefix's turns (`t…:` / `l…:`); False: the
     prompt's n-grams and the depth only (the calibration's summary features still read the turns).
@@ -263,20 +285,28 @@ class PredictorConfig:
     allocates as with no information), one that ranks upside down is turned over."""
     guard_window: int = 10
     """Batches the guard's shrinkage is fitted on."""
+    advanced: PredictorAdvanced = field(default_factory=PredictorAdvanced)
+    """Tuned internals (`PredictorAdvanced`), for studying the predictor."""
+
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {name: f"advanced.{name}" for name in (
+        "num_features", "l2", "epochs", "batch_size", "initial_accumulator", "replay_batches", "root_epochs",
+        "max_logit_step", "calibration_batches", "calibration_prior", "calibration_margin", "calibration_max_slope")}
+    """Keys moved into `advanced` (old -> new): a config or run folder from before still loads (`config.from_dict`)."""
 
     def __post_init__(self) -> None:
-        check_range(self, "num_features", ge=2, le=MAX_FEATURES, why="each is a float64 weight and accumulator in two models")
         check_range(self, "max_ngram", ge=1)
-        for name in ("learning_rate", "initial_accumulator", "calibration_prior"):
-            check_range(self, name, gt=0)
-        for name in ("epochs", "root_epochs", "batch_size", "guard_window"):
-            check_range(self, name, ge=1)
-        for name in ("replay_batches", "calibration_batches"):
-            check_range(self, name, ge=0, why="0: none")
-        check_range(self, "l2", ge=0)
-        check_range(self, "max_logit_step", ge=0, why="0: no cap")
-        check_range(self, "calibration_margin", ge=0, lt=1)
-        check_range(self, "calibration_max_slope", ge=0)
+        check_range(self, "learning_rate", gt=0)
+        check_range(self, "guard_window", ge=1)
+
+
+def _config_from_state(saved: dict) -> PredictorConfig:
+    """The config a predictor state was saved with: nested, or flat as before `advanced` existed;
+    fields removed since are left out, fields added since take their defaults."""
+    main = {f.name for f in fields(PredictorConfig)} - {"advanced"}
+    tuned = {f.name for f in fields(PredictorAdvanced)}
+    advanced = {**{k: v for k, v in saved.items() if k in tuned}, **dict(saved.get("advanced") or {})}
+    return PredictorConfig(**{k: v for k, v in saved.items() if k in main},
+                           advanced=PredictorAdvanced(**{k: v for k, v in advanced.items() if k in tuned}))
 
 
 class HashedNgramPredictor:
@@ -286,7 +316,7 @@ class HashedNgramPredictor:
     def __init__(self, config: PredictorConfig | None = None, *, seed: int = 0) -> None:
         self.config = PredictorConfig() if config is None else config
         self.seed = int(seed)
-        size, start = self.config.num_features, self.config.initial_accumulator
+        size, start = self.config.advanced.num_features, self.config.advanced.initial_accumulator
         self._shared = _Logistic(size, start)  # every example; answers for prefixes
         self._root = _Logistic(size, start)  # root examples only; answers for roots
         self._replay: list[tuple[list[str], np.ndarray, np.ndarray]] = []  # per earlier update: root (prompts, targets, weights)
@@ -340,7 +370,7 @@ class HashedNgramPredictor:
 
     def _index(self, hashes: np.ndarray, salts: np.uint32 | np.ndarray) -> np.ndarray:
         # XOR with the namespace's own CRC keeps namespaces apart at the cost of one numpy op.
-        return ((hashes ^ salts) % np.uint32(self.config.num_features)).astype(np.int64)
+        return ((hashes ^ salts) % np.uint32(self.config.advanced.num_features)).astype(np.int64)
 
     def _cache_prompts(self, prompts: list[str]) -> None:
         """Features of new prompts: (for every history of the prompt, extra for its root only)."""
@@ -507,11 +537,11 @@ class HashedNgramPredictor:
         if count == 0 or w.sum() <= 0.0:
             return {"predictor/loss": 0.0, "predictor/loss_after": 0.0, "predictor/examples": 0.0}
         z, is_root = self._raw_logits(histories)
-        heads = self._heads(histories, z, is_root, only_calibrated=not self.config.calibration_batches)
+        heads = self._heads(histories, z, is_root, only_calibrated=not self.config.advanced.calibration_batches)
         loss_before = _cross_entropy(self._calibrated_logits(z, heads), y, w)
-        if self.config.calibration_batches:
+        if self.config.advanced.calibration_batches:
             for head, (where, design) in heads.items():
-                window = [*self._calibration_data[head], (design.copy(), y[where], w[where])][-self.config.calibration_batches :]
+                window = [*self._calibration_data[head], (design.copy(), y[where], w[where])][-self.config.advanced.calibration_batches :]
                 self._calibration_data[head] = window
                 self.calibration[head] = _fit_calibration(*(np.concatenate(column) for column in zip(*window)), config=self.config)
                 self.calibrated[head] = head == "prefix" or bool(_calibration_helps(window, self.config))
@@ -522,16 +552,16 @@ class HashedNgramPredictor:
         old_w = np.concatenate([np.zeros(0), *(v for _, _, v in self._replay)])
         rows, indices = self.features([*histories, *(History(p) for p in old_prompts)])
         shared = (_row_starts(rows, count + len(old_prompts)), indices, np.concatenate([y, old_y]), np.concatenate([w, old_w]))
-        steps, capped = self._shared.fit(*shared, epochs=self.config.epochs, config=self.config, rng=self._rng)
+        steps, capped = self._shared.fit(*shared, epochs=self.config.advanced.epochs, config=self.config, rng=self._rng)
         roots = np.flatnonzero(is_root)
         new_prompts = [histories[i].prompt for i in roots]
         rows, indices = self._root_features(new_prompts + old_prompts)
         root_y, root_w = np.concatenate([y[roots], old_y]), np.concatenate([w[roots], old_w])
         root = (_row_starts(rows, roots.size + len(old_prompts)), indices, root_y, root_w)
-        root_steps, root_capped = self._root.fit(*root, epochs=self.config.root_epochs, config=self.config, rng=self._rng)
+        root_steps, root_capped = self._root.fit(*root, epochs=self.config.advanced.root_epochs, config=self.config, rng=self._rng)
 
-        if self.config.replay_batches:
-            self._replay = [*self._replay, (new_prompts, y[roots].copy(), w[roots].copy())][-self.config.replay_batches :]
+        if self.config.advanced.replay_batches:
+            self._replay = [*self._replay, (new_prompts, y[roots].copy(), w[roots].copy())][-self.config.advanced.replay_batches :]
         self.num_updates += 1
         z_after, _ = self._raw_logits(histories)
         metrics = {
@@ -578,10 +608,9 @@ class HashedNgramPredictor:
                 "HashedNgramPredictor (version 1: one model, no replay buffer; 2: an unbounded Platt scaling of "
                 "prefixes, no step cap), which cannot be resumed exactly"
             )
-        known = {f.name for f in fields(PredictorConfig)}
-        config = PredictorConfig(**{k: v for k, v in state["config"].items() if k in known})
-        size = config.num_features
-        shared, root = _Logistic(size, config.initial_accumulator), _Logistic(size, config.initial_accumulator)
+        config = _config_from_state(state["config"])
+        size = config.advanced.num_features
+        shared, root = _Logistic(size, config.advanced.initial_accumulator), _Logistic(size, config.advanced.initial_accumulator)
         shared.load(state["shared"], size)
         root.load(state["root"], size)
         calibration = {head: np.asarray(state["calibration"][head], dtype=np.float64).copy() for head in _HEADS}
@@ -626,7 +655,7 @@ def _fit_calibration(design: np.ndarray, y: np.ndarray, w: np.ndarray, *, config
     seven steps). When the slope falls outside its bounds it is fixed at the nearer one and the rest
     refitted, which is exact for a convex objective with one bounded coordinate."""
     w = w / w.sum()
-    prior, dims = config.calibration_prior, design.shape[1]
+    prior, dims = config.advanced.calibration_prior, design.shape[1]
     start = np.zeros(dims)
     start[0] = 1.0
 
@@ -652,9 +681,9 @@ def _fit_calibration(design: np.ndarray, y: np.ndarray, w: np.ndarray, *, config
             theta, value = theta - size * step, trial
             if np.abs(size * step).max() < 1e-9:
                 break
-        if 0.0 <= theta[0] <= config.calibration_max_slope:
+        if 0.0 <= theta[0] <= config.advanced.calibration_max_slope:
             break
-        theta[0] = float(np.clip(theta[0], 0.0, config.calibration_max_slope))
+        theta[0] = float(np.clip(theta[0], 0.0, config.advanced.calibration_max_slope))
         free[0] = False
     return theta
 
@@ -671,7 +700,7 @@ def _calibration_helps(window: list[tuple[np.ndarray, np.ndarray, np.ndarray]], 
         design, y, w = window[held_out]
         raw += _cross_entropy(design[:, 0], y, w) * w.sum()
         calibrated += _cross_entropy(design @ theta, y, w) * w.sum()
-    return calibrated < (1.0 - config.calibration_margin) * raw
+    return calibrated < (1.0 - config.advanced.calibration_margin) * raw
 
 
 def _fit_platt(z: np.ndarray, y: np.ndarray, w: np.ndarray, config: PredictorConfig | None = None) -> tuple[float, float]:
