@@ -8,7 +8,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def load(relative: str) -> ModuleType:
-    """The module in `REPO / relative` (e.g. `benchmarks/brier_floor.py`), executed afresh."""
+    """The module in `REPO / relative` (e.g. `experiments/brier_floor.py`), executed afresh."""
     path = REPO / relative
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)

@@ -392,11 +392,11 @@ def test_pcl_names_the_bad_argument(args, kwargs, name) -> None:
 
 
 def test_the_stage2_objective_benchmark_runs_both_objectives_on_the_same_worlds(capsys):
-    """benchmarks/stage2_objective.py: GRPO (no Stage 2) is the same under both objectives; TRACE's
+    """experiments/stage2_objective.py: GRPO (no Stage 2) is the same under both objectives; TRACE's
     rows carry both objectives' figures and their ratio."""
     import json
 
-    module = load("benchmarks/stage2_objective.py")
+    module = load("experiments/stage2_objective.py")
     result = module.main(["--prompts", "16", "--budget", "64", "--seeds", "1", "--batches", "2", "--workers", "1"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
     assert all(f["ratio"] == 1.0 for f in result["rows"]["grpo"].values())

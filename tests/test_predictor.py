@@ -300,13 +300,13 @@ def test_calibration_slope_is_bounded_and_a_calibration_is_used_only_where_it_he
 
 
 def test_the_replay_benchmark_scores_each_step_before_learning_from_it(tmp_path) -> None:
-    """benchmarks/predictor_replay.py on a small recorded run: every row is scored on a step's rollouts
+    """experiments/predictor_replay.py on a small recorded run: every row is scored on a step's rollouts
     before it learns from them, so at the first step the learned rows answer 0.5 everywhere."""
 
     from trace_rl.metrics import allocator_outcomes
     from trace_rl.tree import write_jsonl
 
-    replay = load("benchmarks/predictor_replay.py")
+    replay = load("experiments/predictor_replay.py")
     sim, rng = LatentTreeSimulator(seed=0), np.random.default_rng(0)
     (tmp_path / "trees").mkdir()
     steps = []
@@ -501,11 +501,11 @@ def test_calibration_report_of_an_untrained_predictor() -> None:
 
 
 def test_the_brier_floor_benchmark_scores_the_truth_below_a_constant_and_counts_bad_batches(capsys) -> None:
-    """benchmarks/brier_floor.py: the true probabilities, scored on TRACE's own bets, beat a constant
+    """experiments/brier_floor.py: the true probabilities, scored on TRACE's own bets, beat a constant
     0.5 on average, and each row's share of batches above 0.25 is a share of the scored batches."""
     import json
 
-    floor = load("benchmarks/brier_floor.py")
+    floor = load("experiments/brier_floor.py")
     result = floor.main(["--batches", "6", "--seeds", "1", "--warmup", "1", "--prompts", "16", "--budget", "32"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
     for figures in result["rows"].values():
@@ -515,7 +515,7 @@ def test_the_brier_floor_benchmark_scores_the_truth_below_a_constant_and_counts_
 
 
 def test_the_propositions_benchmark_counts_fresh_draws_per_valued_node_and_scores_held_out(tmp_path, capsys) -> None:
-    """benchmarks/propositions.py on a small recorded run: proposition 2 takes each valued node's
+    """experiments/propositions.py on a small recorded run: proposition 2 takes each valued node's
     rollouts that started there (a root's 3 bare rollouts, a prefix's 2 continuations) and bins them
     by V(1 - V); proposition 1 scores every step after the warm-up; proposition 3 reads the metrics."""
     import json
@@ -524,7 +524,7 @@ def test_the_propositions_benchmark_counts_fresh_draws_per_valued_node_and_score
 
     from trace_rl.tree import write_jsonl
 
-    bench = load("benchmarks/propositions.py")
+    bench = load("experiments/propositions.py")
     sim, rng = LatentTreeSimulator(seed=0), np.random.default_rng(0)
     (tmp_path / "trees").mkdir()
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"rollout": {"method": "trace", "success_threshold": 0.5}}))

@@ -96,11 +96,11 @@ def test_a_guarded_predictor_starts_at_a_half_and_its_state_round_trips():
 
 
 def test_the_guard_benchmark_distrusts_a_spoiled_predictor_and_trusts_a_clean_one(capsys):
-    """benchmarks/predictor_guard.py on one small world: the guard's λ stays near 1 on the clean
+    """experiments/predictor_guard.py on one small world: the guard's λ stays near 1 on the clean
     predictor and turns negative on the inverted one."""
     import json
 
-    bench = load("benchmarks/predictor_guard.py")
+    bench = load("experiments/predictor_guard.py")
     result = bench.main(["--seeds", "1", "--batches", "8", "--warmup", "3"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
     rows = result["rows"]

@@ -234,14 +234,14 @@ def test_toolmath_rationale_names_where_each_number_of_the_next_step_comes_from(
 
 
 def test_toolmath_errors_benchmark_classes_each_rollout_by_its_first_move_off_the_oracle(tm_train: TaskSet) -> None:
-    """benchmarks/toolmath_errors.py, on hand-made rollouts of "Ava buys 6 bags of rice at $1.30 each."
+    """experiments/toolmath_errors.py, on hand-made rollouts of "Ava buys 6 bags of rice at $1.30 each."
     (6 * 1.30, then 7.8 * 50 / 100, then 10 - 3.9, answer 6.1)."""
     from repo_files import load
 
     from trace_rl.run import RunConfig, build_env
     from trace_rl.tree import RolloutTree
 
-    errors = load("benchmarks/toolmath_errors.py")
+    errors = load("experiments/toolmath_errors.py")
     task = next(t for t in tm_train.tasks if t.question.startswith("Ava buys 6 bags of rice at $1.30 each."))
     env = build_env(RunConfig(), tm_train)
     tree = RolloutTree.new(task.task_id, task.question)

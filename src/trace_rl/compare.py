@@ -397,7 +397,7 @@ def _brier_steps_over_quarter(runs: list[list[dict[str, Any]]], after_step: int 
     """The issue's per-step test of the predictor: the share of logged steps after the warm-up whose Brier
     is 0.25 (a constant 0.5's) or more, and the share more than two of that step's standard errors above it
     (`predictor/brier_se`): a step's Brier over 64 outcomes is noisy, so a sound predictor still crosses
-    0.25 now and then (benchmarks/brier_floor.py), and only the second share says it is broken."""
+    0.25 now and then (experiments/brier_floor.py), and only the second share says it is broken."""
     scored = [m for r in runs for m in r if "predictor/brier" in m and m["step"] > after_step]
     if not scored:
         return {"predictor_brier_over_quarter": float("nan"), "predictor_brier_over_quarter_2se": float("nan")}

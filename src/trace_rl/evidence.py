@@ -8,7 +8,7 @@ the predictor's ṽ scored a Brier of 0.252 / 0.257 on the continuations Stage 2
 predicting the past mean, 0.254 / 0.251), while a continuation repeated r 67-70% of the time from a
 first-turn prefix and 86-87% from a fourth-turn one, and succeeded 7% of the time where every bare
 rollout of its prompt had failed (ṽ said 0.41-0.43). The posterior below, fitted online step by
-step, scored 0.172 / 0.164 (`benchmarks/stage2_evidence.py`,
+step, scored 0.172 / 0.164 (`experiments/stage2_evidence.py`,
 docs/results/stage2_evidence/replay_paper_budget_32x6.json).
 
 The estimate is a Beta posterior with ṽ as the prior mean:

@@ -77,7 +77,7 @@ class AllocationSettings:
     stage2_objective: Literal["anchor", "prompt"] = "anchor"
     """What TRACE's Stage 2 maximises: `anchor`, the paper's Σ over prefixes of the chance that an anchor
     turns mixed; `prompt`, the expected number of prompts that end mixed (what the effective ratio
-    counts: `trace_rl.allocate.expand_for_prompts`). `benchmarks/stage2_objective.py` compares them."""
+    counts: `trace_rl.allocate.expand_for_prompts`). `experiments/stage2_objective.py` compares them."""
     brace: BraceConfig = field(default_factory=BraceConfig)
     """The `brace` method's settings (group size, ε, τ, decay, warm bank, certified exclusion)."""
 

@@ -33,7 +33,7 @@ prompts and 1,024 rollouts a batch, as the paper's) the solve is the Lagrangian 
 each item's steps in order of gain per unit until the next does not fit, then spend what is left.
 That plan is optimal for what it spends, and weak duality bounds its shortfall from the optimum by
 λ × the units it left, λ the rate of the first step not taken; `_solve` returns that bound (tested
-against brute force, and under 0.1% of the value at that scale). `benchmarks/token_budget.py`
+against brute force, and under 0.1% of the value at that scale). `experiments/token_budget.py`
 times both paths against the leaf solvers.
 
 The costs come from `TokenCosts`, which learns from the trees so far: the mean generated tokens

@@ -17,7 +17,7 @@ information (its exact Stage 1 splits a budget evenly over prompts of equal valu
 they were upside down, and they are turned over. Shrinking alone (λ ≥ 0) made an inverted
 predictor worse than leaving it be: Stage 1's value is symmetric in p and 1 − p, so an upside-down
 predictor still ranks prompts by their chance to mix, and only Stage 2 is misled
-(`benchmarks/predictor_guard.py`). Until the window holds an estimate away from 0.5 there is no
+(`experiments/predictor_guard.py`). Until the window holds an estimate away from 0.5 there is no
 evidence and λ = 1 (the inner predictor answers 0.5 before its first update anyway).
 
 Each update logs `predictor/guard_shrink` (λ after it), `predictor/guard_brier` (the inner

@@ -79,7 +79,7 @@ by `calibration_margin`. On real trees the raw root head is badly over-confident
 calibration wins from about the fourth update on; on the simulator the raw root head is already
 calibrated (held out, calibrating it changed its cross-entropy by +0.6%), yet calibrating it anyway
 cost TRACE 0.022 of effective ratio (10 seeds of `trace_rl.bench`), and the margin keeps it raw there.
-`benchmarks/predictor_replay.py` measures all of this against a running-mean constant, the
+`experiments/predictor_replay.py` measures all of this against a running-mean constant, the
 per-prompt history and the previous predictor, on recorded runs and on the simulator.
 
 All weights start at zero and the calibrations at the identity (and unused), so every prediction
@@ -196,7 +196,7 @@ otherwise fail with a MemoryError only when the predictor is built, after the wa
 class PredictorAdvanced:
     """The hashed predictor's tuned internals (`predictor.advanced`): sizes, AdaGrad's schedule, replay
     and calibration. Their defaults were chosen on the simulator and on real trees (docs/results,
-    `benchmarks/predictor_replay.py`); a run needs none of them set."""
+    `experiments/predictor_replay.py`); a run needs none of them set."""
 
     num_features: int = 2**18
     """Size of each hashed weight vector (collisions are rare well below it)."""
@@ -274,10 +274,10 @@ class PredictorConfig:
     """Whether the shared model reads the n-grams of a prefix's turns (`t…:` / `l…:`); False: the
     prompt's n-grams and the depth only (the calibration's summary features still read the turns).
     On real multihop trees the turns' n-grams (long search results) made prefix estimates worse:
-    replaying the three TRACE runs of docs/results/paper_main (`benchmarks/predictor_replay.py`),
+    replaying the three TRACE runs of docs/results/paper_main (`experiments/predictor_replay.py`),
     Brier 0.234 / 0.228 / 0.228 with them, 0.213 / 0.199 / 0.205 without (on prefixes 0.274 / 0.275 /
     0.265 → 0.232 / 0.216 / 0.219; per-prompt history 0.228 / 0.222 / 0.229), and
-    `benchmarks/propositions.py` found the same held out. The simulator's turn texts are made to carry
+    `experiments/propositions.py` found the same held out. The simulator's turn texts are made to carry
     clues, and there they help (0.187 with, 0.212 without), so `trace_rl.bench` keeps them."""
     guard: bool = False
     """Scale the predictor's estimates about 0.5 by how much they helped on the batches it learnt from

@@ -63,7 +63,7 @@ class SFTConfig:
     """Optimiser steps; batches are drawn epoch by epoch from the demonstrations. The tiny policy's
     held-out multihop success (64 questions, 16 samples at T=1) is 42% after 1,200 steps (4.9 minutes
     in bf16 on a 2-core Xeon with AMX) and 25% after 900 (3.7 minutes, the demo's: `configs/demo.yaml`),
-    both spread over [0, 1] (`benchmarks/warm_start_spread.py`); a step's time grows with its tokens, so
+    both spread over [0, 1] (`experiments/warm_start_spread.py`); a step's time grows with its tokens, so
     fewer steps is what makes a warm start shorter."""
     batch_size: int = 8
     """Sequences per step (of similar length, see `length_batches`)."""
@@ -93,7 +93,7 @@ class SFTConfig:
     AVX512-BF16 (the whole warm start 6.2 instead of 9.9 minutes) but slower than fp32 with AMX; the
     bucketed recipe is 1.28x faster with AMX too (4.9 instead of 7.1 minutes). A CPU without
     AVX512-BF16 only emulates bf16. A different policy: check its regime
-    (`benchmarks/warm_start_spread.py`) before a comparison relies on it."""
+    (`experiments/warm_start_spread.py`) before a comparison relies on it."""
     seed: int = 0
     """Seed of the warm start (demonstrations, tiny init, batches). Separate from the run's seed so
     that runs with different seeds start from one policy, as RL papers start every seed from one

@@ -13,7 +13,7 @@
 3. **Active allocation beats uniform.** Each run's mean `tree/effective_ratio` and
    `tree/mixed_budget_share` over its steps, by method (from `metrics.jsonl`).
 
-    python benchmarks/propositions.py RUN_DIR [RUN_DIR ...] [--warmup 5]
+    python experiments/propositions.py RUN_DIR [RUN_DIR ...] [--warmup 5]
 
 RUN_DIR is a `trace-rl train` run folder with `trees/step_XXXX.jsonl` (a comparison's
 `DIR/<method>/seed_<k>`). Prints one JSON object.

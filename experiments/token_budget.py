@@ -14,7 +14,7 @@ Speed: `allocate_roots_by_cost` / `expand_prefixes_by_cost` against `allocate_ro
 prefixes) and at a large batch (512 prompts, 1,024 leaves; 1,500 prefixes), costs drawn so each
 solve spends about the same rollouts; median of `--repeats` calls, and the ratio.
 
-    python benchmarks/token_budget.py [--prompts 64] [--budget 384] [--seeds 5] [--batches 20] [--workers 2] [--repeats 20]
+    python experiments/token_budget.py [--prompts 64] [--budget 384] [--seeds 5] [--batches 20] [--workers 2] [--repeats 20]
 """
 
 from __future__ import annotations

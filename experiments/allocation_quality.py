@@ -1,8 +1,8 @@
 """Allocation quality on the latent-tree simulator: every method at an equal budget, one JSON object.
 
-    python benchmarks/allocation_quality.py                       # the default regime
-    python benchmarks/allocation_quality.py --stage1-share 0.6    # another Stage 1 / Stage 2 split
-    python benchmarks/allocation_quality.py --table               # also a table for people (on stderr)
+    python experiments/allocation_quality.py                       # the default regime
+    python experiments/allocation_quality.py --stage1-share 0.6    # another Stage 1 / Stage 2 split
+    python experiments/allocation_quality.py --table               # also a table for people (on stderr)
 
 The methods, figures and defaults are documented in `trace_rl.bench`; `trace-rl bench allocation`
 runs the same thing.

@@ -34,7 +34,7 @@ row (planned by a `shared` predictor learning online from them, `trace_rl.bench.
 step's figures are averaged over `--sim-seeds` worlds before the summary. Two 20-step runs and the
 simulator take about a minute.
 
-    python benchmarks/predictor_replay.py [RUN_DIR ...] [--warmup 5] [--set key=value ...]
+    python experiments/predictor_replay.py [RUN_DIR ...] [--warmup 5] [--set key=value ...]
         [--sim-seeds 2] [--sim-batches 40] [--previous REV] [--steps]
 
 RUN_DIR is a `trace-rl train` run folder (`trees/step_XXXX.jsonl`). Prints one JSON object; with

@@ -21,7 +21,7 @@ one) and the budget share in mixed groups, averaged over the batches after `--wa
 `--seeds` worlds; `vs_grpo` is each row's budget share in mixed groups over GRPO's, `guard_shrink`
 the guard's mean λ (1: trusted, 0: ignored).
 
-    python benchmarks/predictor_guard.py [--seeds 3] [--batches 40] [--warmup 10]
+    python experiments/predictor_guard.py [--seeds 3] [--batches 40] [--warmup 10]
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ benchmark grows TRACE batches on the latent-tree simulator (`trace_rl.sim`, the 
 per-batch Brier after `--warmup` batches, the worst batch, and the share of batches above 0.25. The
 oracle's share is the floor: a target of "below 0.25 on every step" fails that often by chance alone.
 
-    python benchmarks/brier_floor.py [--prompts 32] [--budget 64] [--batches 100] [--seeds 3] [--warmup 5]
+    python experiments/brier_floor.py [--prompts 32] [--budget 64] [--batches 100] [--seeds 3] [--warmup 5]
 """
 
 from __future__ import annotations

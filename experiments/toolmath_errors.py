@@ -12,7 +12,7 @@ and the first turn that differs is classed by what went wrong:
 - `structure`: another operation or operand count; `other_action`: no calculator call (malformed turn,
   another tool, an early answer); `wrong_answer`: every step right, the answer not.
 
-    python benchmarks/toolmath_errors.py [--questions 64] [--samples 4] [key=value ...]
+    python experiments/toolmath_errors.py [--questions 64] [--samples 4] [key=value ...]
 
 Prints one JSON object: the count of each kind, the kinds by (step, the problem's number of steps), and
 a few examples of each.

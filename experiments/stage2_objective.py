@@ -11,7 +11,7 @@ trains) twice on the same worlds and prompts, once per objective, for `trace` wi
 predictor and `trace@oracle` (true probabilities), and prints both objectives' figures side by side
 with their ratio (prompt / anchor); `grpo` is the uniform reference (Stage 2 does not touch it).
 
-    python benchmarks/stage2_objective.py [--prompts 64] [--budget 384] [--seeds 5] [--batches 20] [--workers 2] [--evidence]
+    python experiments/stage2_objective.py [--prompts 64] [--budget 384] [--seeds 5] [--batches 20] [--workers 2] [--evidence]
 
 `--evidence`: both objectives allocate with the evidence posterior (`rollout.stage2_evidence`,
 `trace_rl.evidence`); run it with and without to see what the posterior changes on the simulator.

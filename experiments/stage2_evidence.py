@@ -7,7 +7,7 @@ constant that predicts the mean continuation outcome of the steps before. Also t
 continuations that repeat the outcome of the bare rollout they branched from, by the prefix's turn,
 and the continuations' success by what the prompt's bare rollouts showed.
 
-    python benchmarks/stage2_evidence.py RUN [RUN ...] [--after 5]
+    python experiments/stage2_evidence.py RUN [RUN ...] [--after 5]
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ and are neither all 0 nor all 1; this prints their histogram to stderr and one J
 Greedy success is measured with the same collector at temperature 0 and 2 rollouts per question
 (the collector's `min_per_prompt` is 2; both greedy rollouts are the same, so they count once).
 
-    python benchmarks/warm_start_spread.py [--questions 64] [--samples 16] [key=value ...]
+    python experiments/warm_start_spread.py [--questions 64] [--samples 16] [key=value ...]
 
 `key=value` overrides go to the run config (`sft.steps=200`, `task.topk=3`, `seed=1`, ...).
 """
