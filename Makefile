@@ -25,7 +25,7 @@ extras.venv-verl := agent,models,verl,dev
 # keep a 2-core machine busy; whole files go to one worker so module fixtures are built once.
 TEST_WORKERS ?= 2
 
-.PHONY: venv test test-slow test-trl test-ray test-verl demo compare bench docs clean
+.PHONY: venv test test-slow test-trl test-ray test-verl demo compare bench bench-real docs clean
 
 $(STAMP) $(TRL_STAMP) $(RAY_STAMP) $(VERL_STAMP): %/.installed: pyproject.toml
 	test -x $*/bin/python || $(PY) -m venv $*
@@ -72,10 +72,23 @@ compare: $(STAMP)
 	$(BIN)/trace-rl compare --config configs/compare.yaml --out runs/compare
 	$(BIN)/trace-rl report runs/compare
 
+# The speed suite: every benchmark in benchmarks/ in its --quick mode (a few minutes on 2 cores), each
+# printing one JSON object of one shape (benchmarks/common.py) as its last line. Quality and research
+# questions are in experiments/ (among them allocation_quality.py, what `trace-rl bench allocation` runs).
 bench: $(STAMP)
-	$(BIN)/python benchmarks/allocate_speed.py
-	$(BIN)/trace-rl bench allocation --json
-	$(BIN)/python benchmarks/prefix_reuse.py
+	$(BIN)/python benchmarks/allocate_speed.py --quick
+	$(BIN)/python benchmarks/prefix_reuse.py --quick
+	$(BIN)/python benchmarks/update_speed.py --quick
+	$(BIN)/python benchmarks/step_speed.py --quick
+	$(BIN)/python benchmarks/step_vs_commit.py --quick
+	$(BIN)/python benchmarks/warm_start_speed.py --quick
+	$(BIN)/python benchmarks/engine_tree_workload.py --quick
+	$(BIN)/python benchmarks/soak.py --quick
+
+# SmolLM2-135M's training step against the code before its own forward (SmolLM2's warm start, cached after
+# the first run, then minutes a step on 2 cores): kept out of `make bench`.
+bench-real: $(STAMP)
+	$(BIN)/python benchmarks/real_lm_step.py
 
 clean:
 	rm -rf $(VENV) $(TRL_VENV) $(RAY_VENV) $(VERL_VENV) build site src/*.egg-info .pytest_cache

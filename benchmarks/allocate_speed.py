@@ -9,19 +9,21 @@ References (exact, independent of the solvers' proofs; tests/test_allocate.py ch
 - Stage 2, `heap_prefixes`: the priority-queue greedy in pure Python (heapq), exact because each
   prefix's gains q^k (1 - q) never increase.
 
-    python benchmarks/allocate_speed.py [--repeat N] [--seed S]
+    python benchmarks/allocate_speed.py [--repeat N] [--seed S] [--scale F] [--quick]
+
+`--quick` (`make bench`): every size an eighth, 3 repeats, a few seconds.
 """
 
 from __future__ import annotations
 
 import argparse
 import heapq
-import json
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
 import numpy as np
+from common import arguments, emit, parse_args
 
 from trace_rl.allocate import allocate_roots, expand_prefixes
 from trace_rl.contrast import prefix_value, root_value
@@ -86,16 +88,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=20, help="runs of our solvers; the best counts")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    parser.add_argument("--scale", type=float, default=1.0, help="every size times this (1: 4,096 prompts, 200,000 candidates)")
+    args = parse_args(parser, argv, repeat=3, scale=0.125)
     rng = np.random.default_rng(args.seed)
-    prompts, budget = 4096, 65_536
+    prompts, budget = round(4096 * args.scale), round(65_536 * args.scale)
     v = rng.uniform(size=prompts)
 
     capped = {"prompts": prompts, "budget": budget, "min_per_prompt": 2, "max_per_prompt": 32}
     capped |= roots_case(v, budget, 32, args.repeat)
 
     uncapped_s, _ = best_time(lambda: allocate_roots(v, budget), args.repeat)
-    small_prompts, small_budget = 128, 2048  # same 16 rollouts per prompt; the DP is O(P B^2) uncapped
+    # the DP is O(P B^2) uncapped: timed on the first prompts, with the same 16 rollouts per prompt
+    small_prompts = max(16, round(128 * args.scale))
+    small_budget = small_prompts * budget // prompts
     small = roots_case(v[:small_prompts], small_budget, None, args.repeat)
     uncapped = {
         "prompts": prompts,
@@ -111,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         ),
     }
 
-    candidates, prefix_budget, per_prefix = 200_000, 65_536, 8
+    candidates, prefix_budget, per_prefix = round(200_000 * args.scale), round(65_536 * args.scale), 8
     pv, pr = rng.uniform(size=candidates), (rng.uniform(size=candidates) < 0.5).astype(np.float64)
     ours_s, counts = best_time(lambda: expand_prefixes(pv, pr, prefix_budget, max_per_prefix=per_prefix), args.repeat)
     heap_s, heap_counts = best_time(lambda: heap_prefixes(pv, pr, prefix_budget, per_prefix), 3)
@@ -130,16 +135,16 @@ def main(argv: list[str] | None = None) -> None:
         "objectives_match": bool(abs(objective - reference) <= 1e-9 * max(1.0, reference)),
     }
 
-    print(
-        json.dumps(
-            {
-                "bench": "allocate_speed",
-                "seed": args.seed,
-                "repeat": args.repeat,
-                "allocate_roots": {"max_per_prompt_32": capped, "uncapped": uncapped},
-                "expand_prefixes": prefixes,
-            }
-        )
+    emit(
+        "allocate_speed",
+        config=arguments(args),
+        results={"allocate_roots": {"max_per_prompt_32": capped, "uncapped": uncapped}, "expand_prefixes": prefixes},
+        baseline="Stage 1: the knapsack DP (dp_roots_value, objective only); Stage 2: the heapq greedy (heap_prefixes)",
+        speedup={
+            "allocate_roots_max_per_prompt_32": capped["speedup"],
+            "allocate_roots_uncapped_at_reference_size": small["speedup"],
+            "expand_prefixes": prefixes["speedup"],
+        },
     )
 
 

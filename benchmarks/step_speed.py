@@ -2,6 +2,7 @@
 
     python benchmarks/step_speed.py                        # configs/demo.yaml, 1 step each way
     python benchmarks/step_speed.py --steps 2 --config configs/demo.yaml key=value ...
+    python benchmarks/step_speed.py --quick                # `make bench`: configs/smoke.yaml, a small decode check
 
 Both runs start from the same (warm-started) policy, seed and tasks, so their first step does the
 same work: `previous` re-prefills every turn's whole history (`engine.prefix_cache_mb=0`) and runs
@@ -13,22 +14,22 @@ the code and that of the cores read apart. Prints one JSON object: per path the 
 (gen / env / update / predictor / alloc), generated tokens/s, prefill tokens against the prompt and
 observation tokens, update tokens/s, and the ratios; then the decode loop against a bare forward
 loop of the same model and batch (the hardware bound), with the FLOP bound beside it (2 × parameters
-per token at this machine's measured matmul rate).
+per token at this machine's measured matmul rate). The JSON's shape is the suite's (`common.emit`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-
+from common import arguments, emit, parse_args
 from hardware import matmul_gflops
+
 from trace_rl.config import load_config
 from trace_rl.run import RunConfig, build_parts, build_trainer
 
@@ -55,12 +56,10 @@ def run_path(config: RunConfig, steps: int) -> dict[str, float]:
     return out
 
 
-def decode_bound(config: RunConfig, batch: int = 64, prompt: int = 256, new: int = 48) -> dict[str, float]:
+def decode_bound(config: RunConfig, batch: int = 64, prompt: int = 256, new: int = 48, rounds: int = 3) -> dict[str, float]:
     """Our decode loop at `batch` sequences against a bare loop of forwards with a KV cache (same model,
-    engine precision, shapes and steps, no sampling or bookkeeping), and the FLOP bound at the matmul
-    rate measured in that precision."""
-    from transformers import DynamicCache
-
+    engine precision, shapes and steps, no sampling or bookkeeping; best of `rounds` each), and the FLOP
+    bound at the matmul rate measured in that precision."""
     from trace_rl.engine.base import SamplingParams
     from trace_rl.engine.hf import HFEngine
 
@@ -92,7 +91,7 @@ def decode_bound(config: RunConfig, batch: int = 64, prompt: int = 256, new: int
         return time.perf_counter() - begin
 
     timings = {"ours": [], "bare": []}
-    for _ in range(3):  # alternate, keep the best of each: these machines are noisy
+    for _ in range(rounds):  # alternate, keep the best of each: these machines are noisy
         timings["ours"].append(ours())
         timings["bare"].append(bare())
     ours_s, bare_s = min(timings["ours"]), min(timings["bare"])
@@ -121,8 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="configs/demo.yaml")
     parser.add_argument("--steps", type=int, default=1, help="training steps timed per path (default 1)")
     parser.add_argument("--previous-threads", type=int, default=1, help="torch threads of the previous path (default 1, the demo's before it used both cores)")
+    parser.add_argument("--decode-batch", type=int, default=64, help="sequences of the decode-loop check")
+    parser.add_argument("--decode-prompt", type=int, default=256, help="prompt tokens a sequence there")
+    parser.add_argument("--decode-new", type=int, default=48, help="new tokens a sequence there")
+    parser.add_argument("--decode-rounds", type=int, default=3, help="timed rounds of each loop (best kept)")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides for both paths")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, config="configs/smoke.yaml", decode_batch=16, decode_prompt=128, decode_new=16, decode_rounds=1)
     base = [*args.overrides, "train.eval_every=0", "train.save_trees=false"]
     current = load_config(RunConfig, args.config, base)
     previous_overrides = [*base, "engine.prefix_cache_mb=0", f"model.cpu_threads={args.previous_threads}"]
@@ -130,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         previous_overrides.append("train.update=per_leaf")
     previous = load_config(RunConfig, args.config, previous_overrides)
     threads = current.model.cpu_threads
-    result: dict[str, object] = {"bench": "step_speed", "config": args.config, "steps": args.steps, "threads": threads, "previous_threads": args.previous_threads}
+    result: dict[str, object] = {}
     result["previous"] = run_path(previous, args.steps)  # build_parts sets each path's threads
     result["current"] = run_path(current, args.steps)
     p, c = result["previous"], result["current"]
@@ -146,8 +149,14 @@ def main(argv: list[str] | None = None) -> int:
         "prefill_tokens": round(p["tokens_prefill"] / max(c["tokens_prefill"], 1), 3),
         "prefill_vs_prompt_and_observation": round(c["tokens_prefill"] / max(c["tokens_observation"] + c["tokens_prompt"], 1), 3),
     }
-    result["decode"] = decode_bound(current)
-    print(json.dumps(result))
+    result["decode"] = decode_bound(current, args.decode_batch, args.decode_prompt, args.decode_new, args.decode_rounds)
+    emit(
+        "step_speed",
+        config={**arguments(args), "threads": threads, "previous_threads": args.previous_threads},
+        results=result,
+        baseline=f"previous: engine.prefix_cache_mb=0, train.update=per_leaf, {args.previous_threads} thread(s)",
+        speedup={key: result["ratios"][key] for key in ("step", "step_same_threads", "gen", "update") if key in result["ratios"]},
+    )
     return 0
 
 

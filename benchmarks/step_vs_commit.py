@@ -2,6 +2,7 @@
 
     python benchmarks/step_vs_commit.py --base 145a511 --current-set sft.packing=false   # demo, 2 steps, 2 rounds
     python benchmarks/step_vs_commit.py --base REV --steps 2 --rounds 3 [--config PATH] [key=value ...]
+    python benchmarks/step_vs_commit.py --quick   # `make bench`: the working tree against HEAD, smoke config, 1 step
 
 `step_speed.py` compares two paths of today's code (the prefix cache and the packed update on and
 off); this compares today's code with the code of `--base` itself, which is what "faster than the
@@ -12,21 +13,23 @@ from the same cached warm start, with `model.cpu_threads` threads and no evaluat
 step's time split. The two codes draw their samples differently (the sampler changed), so their
 trees differ: besides step times it prints generated tokens per second of generation, which does not
 depend on how many were drawn. Overrides apply to both sides (an older config schema may refuse a
-key today's accepts: `--current-set` is for today's side alone). Prints one JSON object; the ratios
-are of the means over rounds and steps.
+key today's accepts: `--current-set` is for today's side alone). Prints one JSON object
+(`common.emit`); the ratios are of the means over rounds and steps.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 from pathlib import Path
+
+from common import arguments, emit, parse_args
 
 from trace_rl.rundir import code_at, train_with
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ("timing_s/step", "timing_s/gen", "timing_s/update", "rollout/tokens_generated")
+
 
 def run_steps(src: Path, config: Path, steps: int, overrides: list[str]) -> list[dict[str, float]]:
     """`steps` training steps of `config` with the trace_rl package under `src`, in a fresh process."""
@@ -41,7 +44,7 @@ def summary(rows: list[dict[str, float]]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base", required=True, help="the earlier commit (any git revision)")
+    parser.add_argument("--base", help="the earlier commit (any git revision; required but with --quick, whose is HEAD)")
     parser.add_argument("--config", default="configs/demo.yaml", help="config path inside the repository")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
@@ -50,7 +53,9 @@ def main(argv: list[str] | None = None) -> None:
         help="an override for today's code only, e.g. sft.packing=false so that both sides start from the warm start the base made",
     )
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides for both sides")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, base="HEAD", config="configs/smoke.yaml", steps=1, rounds=1)
+    if args.base is None:
+        parser.error("--base is required")
     base = subprocess.run(["git", "rev-parse", args.base], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     overrides = [*args.overrides, "train.eval_every=0"]
     with code_at(base, ("src", args.config)) as tree:
@@ -59,24 +64,19 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(args.rounds):
             for side, (src, config) in sides.items():
                 steps[side] += run_steps(src, config, args.steps, overrides + (args.current_set if side == "current" else []))
-    result = {
-        "bench": "step_vs_commit",
-        "base": base,
-        "config": args.config,
-        "steps": args.steps,
-        "rounds": args.rounds,
-        "overrides": overrides,
-        "current_overrides": args.current_set,
-        **{side: {"mean": summary(rows), "steps": rows} for side, rows in steps.items()},
-    }
+    result: dict = {side: {"mean": summary(rows), "steps": rows} for side, rows in steps.items()}
     b, c = result["base"]["mean"], result["current"]["mean"]
     result["ratios"] = {
-        "step": round(b["step"] / c["step"], 3),
-        "gen": round(b["gen"] / c["gen"], 3),
-        "update": round(b["update"] / c["update"], 3),
-        "gen_tokens_per_s": round(c["gen_tokens_per_s"] / b["gen_tokens_per_s"], 3),
+        **{key: round(b[key] / max(c[key], 1e-9), 3) for key in ("step", "gen", "update")},
+        "gen_tokens_per_s": round(c["gen_tokens_per_s"] / max(b["gen_tokens_per_s"], 1e-9), 3),
     }
-    print(json.dumps(result))
+    emit(
+        "step_vs_commit",
+        config={**arguments(args), "base": base, "overrides": overrides, "current_overrides": args.current_set},
+        results=result,
+        baseline=f"commit {base[:12]}: its own src/ and config",
+        speedup=result["ratios"],
+    )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@
     python benchmarks/update_speed.py --prompts 4 --budget 16  # smaller
     python benchmarks/update_speed.py --run runs/demo --step 3 # the trees of a run folder, its policy
     python benchmarks/update_speed.py --model smollm2-135m --prompts 4 --budget 16
+    python benchmarks/update_speed.py --quick                  # `make bench`: 4 prompts, 16 leaves, 1 round,
+                                                               # bf16 only on a CPU with native bf16
 
 Trees: without `--run`, one TRACE batch (`--prompts` prompts, `--budget` leaves, bare rollouts then
 continuations from intermediate prefixes) of the `multihop` task sampled by the scripted engine of
@@ -18,14 +20,13 @@ and `packed` alternating `--repeat` times, best of each, in fp32 and under bf16 
 the same run: per-token log-probs of both layouts (fp32, every trained token) and the gradients of the
 same loss (one mini-batch). bf16: whether this CPU has native bf16 (AVX512-BF16 / AMX), the speed-up
 over fp32 and how far bf16 moves log-probs and the gradient. `--dense-mask` also times the other exact
-layout, a dense 4-D tree mask through the model's own attention. Prints one JSON object.
+layout, a dense 4-D tree mask through the model's own attention. Prints one JSON object (`common.emit`).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 import tempfile
 import time
@@ -33,6 +34,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from common import arguments, emit, parse_args
 
 from trace_rl.models import native_bf16
 
@@ -163,7 +165,14 @@ def gradient(model, config, sequences, *, update: str, precision: str) -> torch.
 def logprobs(model, sequences, *, packed: bool, temperature: float, max_len: int, dtype: torch.dtype | None) -> torch.Tensor:
     """Every trained token's log-prob (the KL-term rule: zero advantages included), in one order."""
     from trace_rl.models import packed_token_logprobs, token_logprobs
-    from trace_rl.train.sequences import in_loss, micro_batches, pack_batch, pack_tree, pad_batch, tree_groups
+    from trace_rl.train.sequences import (
+        in_loss,
+        micro_batches,
+        pack_batch,
+        pack_tree,
+        pad_batch,
+        tree_groups,
+    )
 
     out = []
     with torch.no_grad(), torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
@@ -277,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
     parser.add_argument("--no-bf16", action="store_true", help="skip the bf16 measurements")
     parser.add_argument("--dense-mask", action="store_true", help="also time a dense 4-D tree mask through the model's own attention")
-    args = parser.parse_args(argv)
+    # quick: bf16 only where the CPU has it natively (emulated, it takes minutes)
+    args = parse_args(parser, argv, prompts=4, budget=16, repeat=1, no_bf16=not any(native_bf16().values()))
     torch.set_num_threads(args.threads)
 
     from trace_rl.advantage import get_estimator
@@ -327,13 +337,15 @@ def main(argv: list[str] | None = None) -> int:
         return out
 
     fp32 = timed_updates(model, config, sequences, precision="fp32", repeat=args.repeat)
-    result: dict[str, object] = {
+    config_info = {
+        **arguments(args),
         "model": args.model if not args.run else str(args.run),
         "parameters": int(sum(p.numel() for p in model.parameters())),
         "attn_implementation": model.config._attn_implementation,
-        "threads": args.threads,
         "train": {k: getattr(config.train, k) for k in ("mini_batches", "micro_batch_size", "epochs", "kl_coef")},
         "estimator": estimator,
+    }
+    result: dict[str, object] = {
         "batch": tree_stats(trees, sequences),
         "exact_fp32": exact,
         "fp32": summary(fp32),
@@ -363,7 +375,10 @@ def main(argv: list[str] | None = None) -> int:
         }
     else:
         result["bf16"] = {"cpu": native}
-    print(json.dumps(result))
+    speedup = {"fp32": result["fp32"]["speedup_wall"]}
+    if "speedup_wall" in result["bf16"]:
+        speedup["bf16"] = result["bf16"]["speedup_wall"]
+    emit("update_speed", config=config_info, results=result, baseline="train.update=per_leaf: every leaf's full path, same trees and weights", speedup=speedup)
     return 0
 
 
