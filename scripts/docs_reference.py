@@ -9,8 +9,8 @@
 - cli.md: every `trace-rl` subcommand and its arguments, read from `trace_rl.cli.build_parser()`.
 - methods.md: the method registry (`trace_rl.methods.METHODS`) and the advantage estimators
   (`trace_rl.advantage.ESTIMATORS`).
-- metrics.md: the figures `trace_rl.metrics` (and the advantage and held-out evaluation helpers)
-  compute, their names read from the dict literals those functions return.
+- metrics.md: every name a run logs in its `metrics.jsonl`, with its definition, grouped by family,
+  read from `trace_rl.metrics.DEFINITIONS`.
 
 Nothing here is written by hand that the code already says: a new key, option, method or figure
 changes a page, and `tests/test_docs_reference.py` fails until the pages are regenerated. The output
@@ -447,54 +447,27 @@ def attribute_docs_module(module: types.ModuleType, name: str) -> str:
 # ---------------------------------------------------------------- metrics.md
 
 
-def returned_keys(fn: Callable[..., Any]) -> list[str]:
-    """The metric names a function writes as string keys of the dict literals in its body (the
-    conditional ones included), in the order of the source."""
-    source = textwrap.dedent(inspect.getsource(fn))
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Dict):
-            for key in node.keys:
-                if isinstance(key, ast.Constant) and isinstance(key.value, str) and "/" in key.value:
-                    found.append(((key.lineno, key.col_offset), key.value))
-    return list(dict.fromkeys(name for _, name in sorted(found)))
-
-
-METRIC_FAMILIES = (
-    ("Where the budget went", "trace_rl.metrics", "tree_metrics"),
-    ("Advantages", "trace_rl.advantage", "advantage_metrics"),
-    ("Rollouts, verl-style", "trace_rl.metrics", "rollout_metrics"),
-    ("Tool calls", "trace_rl.metrics", "tool_metrics"),
-    ("The predictor", "trace_rl.metrics", "predictor_metrics"),
-    ("Held-out evaluation", "trace_rl.train.trainer", "held_out_accuracy"),
-)
-"""The functions whose figures metrics.md lists: (heading, module, function)."""
-
-
 def metrics_page() -> str:
-    import importlib
-
     from trace_rl import metrics
 
     parts = [
         HEADER,
         "# Metrics\n\n",
         prose(summary(doc(metrics))) + "\n\n",
-        ("This page lists the figures of the functions below, each under the name a run's "
-         "`metrics.jsonl` (and TensorBoard, W&B) logs it with, read from the function that computes it. "
-         "The trainer also logs figures of its own step (the update's `actor/*`, `rollout/*` counters, "
-         "`timing_s/*`, Stage 2's `stage2/*`) that no single function names; they are not listed here.\n\n"),
+        ("Every name a run can log in its `metrics.jsonl` (and TensorBoard, W&B), with what it measures, "
+         "grouped by family (the part of the name before its first `/`), read from `trace_rl.metrics.DEFINITIONS`. "
+         "Some families appear only for some methods or settings (said under each). "
+         "A `<name>` part stands for the names the code builds there.\n\n"),
         f"{prose(one_line(attribute_docs_module(metrics, 'FIGURES')))}\n\n",
     ]
-    for title, module_name, name in METRIC_FAMILIES:
-        fn = getattr(importlib.import_module(module_name), name)
-        parts += [f"## {title}\n\n", f"`{module_name}.{name}`: {prose(summary(doc(fn)))}\n\n"]
-        if details(doc(fn)):
-            parts.append(fenced(details(doc(fn))) + "\n")
-        for key in returned_keys(fn):
-            own = getattr(metrics, key.split("/", 1)[-1], None)  # a figure computed by a function of its own name
-            text = summary(doc(own)) if callable(own) and key.startswith("tree/") else ""
-            parts.append(f"- {code(key)}" + (f": {prose(text)}" if text else "") + "\n")
+    families: dict[str, list[str]] = {}
+    for key in metrics.DEFINITIONS:
+        families.setdefault(metrics.family(key), []).append(key)
+    for name, keys in families.items():
+        parts.append(f"## {code(name + '/*') if name else 'Bookkeeping'}\n\n")
+        if name and metrics.FAMILIES.get(name):
+            parts.append(prose(metrics.FAMILIES[name]) + "\n\n")
+        parts += [f"- {code(key)}: {prose(metrics.DEFINITIONS[key])}\n" for key in keys]
         parts.append("\n")
     return "".join(parts).rstrip("\n") + "\n"
 

@@ -6,10 +6,13 @@ benchmark and the report all use.
   `num_turns/mean`.
 - `predictor/*` (`predictor_metrics`): how well the estimates the allocator acted on matched what the
   rollouts it then started showed.
+- `DEFINITIONS` (`definition`): every name a run logs in its `metrics.jsonl`, these and the trainer's
+  own (`actor/*`, `rollout/*`, `timing_s/*`, `stage2/*`, ...), with a one-line definition.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -221,3 +224,153 @@ def predictor_metrics(trees: Sequence[RolloutTree]) -> dict[str, float]:
         "predictor/brier_census": brier_score(census_p, census_y),
         "predictor/census_pairs": float(census_p.size),
     }
+
+
+# ---------------------------------------------------------------- every logged name, defined
+
+FAMILIES: dict[str, str] = {
+    "": "Bookkeeping: which record this is.",
+    "tree": "Where the batch's budget went and how much of it can teach (`tree_metrics`, `advantage_metrics`).",
+    "critic": "verl-style rollout figures (`rollout_metrics`).",
+    "response_length": "verl-style rollout figures (`rollout_metrics`).",
+    "num_turns": "verl-style rollout figures (`rollout_metrics`).",
+    "tool": "Tool calls (`tool_metrics`); only in a step whose rollouts ran a tool.",
+    "rollout": ("Counters of the step's sampling (`TreeRolloutCollector.collect`, the planner, the trainer). Under DAPO "
+                "resampling the collector's `rollout/*` and `timing_s/*` figures are summed over its rounds."),
+    "timing_s": "Wall-clock seconds of the step's phases.",
+    "actor": "The policy update (`Trainer._update_policy`).",
+    "predictor": ("The success predictor: how its estimates matched the outcomes (`predictor_metrics`, the reference "
+                  "predictors), and what its own update reports (which keys depends on the method's predictor)."),
+    "brace": "BRACE's per-prompt bank (`rollout.method=brace`).",
+    "stage2": "Stage 2's evidence model (methods with TRACE's Stage 2), scored on the batch's continuations before it refits.",
+    "val": "Held-out evaluation (`held_out_accuracy`): steps that evaluate, and a comparison's step-0 record.",
+}
+"""Each family of `DEFINITIONS` (the name before its first `/`; "" for names without one) -> what it covers."""
+
+DEFINITIONS: dict[str, str] = {
+    # bookkeeping
+    "step": "Training steps done when the record was written (0: before the first update, an evaluation of the starting policy).",
+    "method": "The run's `rollout.method` (a string).",
+    # tree/*: tree_metrics, advantage_metrics
+    "tree/effective_ratio": "Share of sampled prompts (trees with ≥1 leaf) whose leaves are mixed (Knapsack-RL's effective prompt ratio).",
+    "tree/effective_per_candidate": "Share of all candidate prompts of the step, sampled or not, whose leaves are mixed.",
+    "tree/mixed_budget_share": "Share of the step's leaves that belong to a prompt whose leaves are mixed (Knapsack-RL's effective gradient ratio).",
+    "tree/failed_budget_share": "Share of the step's leaves that belong to a prompt whose leaves all got reward 0.",
+    "tree/solved_budget_share": "Share of the step's leaves that belong to a prompt whose leaves all got the same positive reward.",
+    "tree/most_leaves_unmixed": "Largest number of leaves any one prompt got without its leaves mixing.",
+    "tree/anchor_mixed_ratio": "Share of anchors (nodes with ≥2 children, roots included) whose descendant leaves are mixed.",
+    "tree/leaves_per_prompt": "Mean number of leaves over the sampled prompts.",
+    "tree/prompts_sampled": "Number of prompts that got at least one rollout.",
+    "tree/leaves": "Number of leaves (finished rollouts) over all the step's trees.",
+    "tree/branch_depth/mean": "Mean depth (turns from the root) of the non-root anchors, where continuations branched off.",
+    "tree/branch_points": "Number of non-root anchors (prefixes that got ≥2 children).",
+    "tree/tokens_generated": "Policy tokens in the step's trees, each shared turn counted once.",
+    "tree/mixed_leaves_per_ktoken": "Leaves of mixed prompts per 1,000 generated policy tokens (`tree/tokens_generated`).",
+    "tree/mixed_prompts_per_ktoken": "Mixed prompts per 1,000 generated policy tokens (`tree/tokens_generated`).",
+    "tree/nonzero_adv_token_share": "Share of trained policy tokens, each counted by its loss weight, whose advantage is not zero.",
+    # verl-style rollout figures
+    "critic/score/mean": "Mean over the step's rollouts (root-to-leaf paths) of the leaf's reward.",
+    "response_length/mean": "Mean over the step's rollouts of the policy tokens on the path (a shared prefix counted in each rollout).",
+    "num_turns/mean": "Mean over the step's rollouts of the leaf's depth (turns).",
+    # tool/*
+    "tool/calls": "Tool calls the step's turns ran, each turn once however many rollouts share it.",
+    "tool/error_rate": "Share of those tool calls that failed for any reason (a model's bad arguments included).",
+    "tool/unavailable_rate": "Share of those tool calls that failed on the tool's side (`UNAVAILABLE`: unavailable, timeout).",
+    # rollout/*
+    "rollout/budget": "The step's rollout budget in its unit (leaves, or expected tokens with `rollout.budget_unit: tokens`).",
+    "rollout/stage1_budget": "The part of `rollout/budget` Stage 1 spends on bare rollouts from prompts.",
+    "rollout/stage2_budget": "The part of `rollout/budget` left to Stage 2 (continuations from prefixes).",
+    "rollout/stage2_to_roots": "Stage 2 rollouts that started at a root (a fresh rollout of a prompt) rather than at a prefix.",
+    "rollout/leaves": "Rollouts (leaves) the step sampled, all DAPO rounds included.",
+    "rollout/tokens_generated": "Tokens the engine generated for the step (every sampled completion).",
+    "rollout/tokens_observation": "Tool-observation tokens appended to the step's contexts.",
+    "rollout/tokens_prefill": "Context tokens the engine had to prefill (each call's context less its cached tokens).",
+    "rollout/tokens_prompt": "Prompt tokens of the prompts that were allocated rollouts (root budget > 0).",
+    "rollout/tokens_planned": "Expected tokens the planner's requests spend (token budgets only).",
+    "rollout/weight_version": "The policy version (updates done) the step's rollouts were sampled from.",
+    "rollout/weight_push_bytes": "Bytes of weights pushed to the Ray rollout workers for the step (`rollout.backend=ray`).",
+    "rollout/dapo_kept_prompts": "Prompts DAPO kept for the update (mixed groups, at most `prompts_per_step`).",
+    "rollout/rollouts_total": "Rollouts (`rollout/leaves`) summed over the run so far.",
+    "rollout/tokens_total": "Generated tokens (`rollout/tokens_generated`) summed over the run so far.",
+    # timing_s/*
+    "timing_s/gen": "Seconds in engine generate calls.",
+    "timing_s/env": "Seconds in environment steps (tool calls, scoring).",
+    "timing_s/alloc": "Seconds the planner spent choosing Stage 1's and Stage 2's requests.",
+    "timing_s/weight_push": "Seconds pushing weights to the Ray rollout workers (`rollout.backend=ray`).",
+    "timing_s/update": "Seconds of the policy update (advantages, loss epochs, weight sync to the engine).",
+    "timing_s/predictor": "Seconds of the predictor's (and reference predictors') update.",
+    "timing_s/step": "Seconds of the whole training step, evaluation excluded.",
+    "timing_s/allocation_overhead_share": "(`timing_s/alloc` + `timing_s/predictor`) / `timing_s/step`: the share of the step TRACE's machinery cost.",
+    "timing_s/eval": "Seconds of the held-out evaluation.",
+    "timing_s/trace_collect": "Seconds TRACE's rollout manager took for the step (verl integration).",
+    # actor/*
+    "actor/pg_loss": "Policy-gradient loss, mean over the step's optimiser steps (mini-batches × epochs).",
+    "actor/clipfrac": "Weighted share of the mini-batch's loss tokens where the clipped term was taken, mean over the optimiser steps.",
+    "actor/kl": "KL penalty estimate to the reference policy (k3), weighted token mean, mean over the optimiser steps (0 without one).",
+    "actor/ratio_mean": "Mean importance ratio π/π_old over the tokens in the loss, mean over the optimiser steps (1.0 when none).",
+    "actor/grad_norm": "Gradient norm before clipping, mean over the optimiser steps.",
+    "actor/sequences": "Training sequences the step's trees gave the update.",
+    "actor/tokens_forward": "Tokens through the model's forward passes over all epochs (padding excluded, packed rows whole).",
+    "actor/rollout_logprob_gap": "Mean |engine log-prob − recomputed log-prob| over trained tokens (`recompute_log_prob` only).",
+    # predictor/*: predictor_metrics
+    "predictor/brier": "Brier score of the allocator's estimates, each rollout against the estimate of the node it started at.",
+    "predictor/brier_se": "Standard error of `predictor/brier`, cluster-robust over prompts.",
+    "predictor/ece": "Expected calibration error (10 equal-width bins) of the same estimate/outcome pairs as `predictor/brier`.",
+    "predictor/rollouts_scored": "Rollouts scored in `predictor/brier` (those that started at a node with an estimate).",
+    "predictor/brier_census": "Brier score of every estimate on a rollout's path, from where it started, against its outcome.",
+    "predictor/census_pairs": "Estimate/outcome pairs scored in `predictor/brier_census`.",
+    # predictor/*: the reference predictors (trace_rl.predictor.baselines)
+    "predictor/brier_constant": "Brier score on `predictor/brier`'s pairs of a constant: the mean reward of every earlier step's rollouts (0.5 at first).",
+    "predictor/brier_history": "Brier score on `predictor/brier`'s pairs of the per-prompt history predictor.",
+    "predictor/brier_constant_census": "`predictor/brier_constant` on `predictor/brier_census`'s pairs.",
+    "predictor/brier_history_census": "`predictor/brier_history` on `predictor/brier_census`'s pairs.",
+    # predictor/*: the predictor's own update
+    "predictor/loss": "Weighted cross-entropy of the predictor's estimates before its update on the step's backup targets (out of sample).",
+    "predictor/loss_after": "The same cross-entropy after the update.",
+    "predictor/examples": "Backup-target examples (nodes) the predictor's update got.",
+    "predictor/replayed": "Root examples of earlier steps the update trained on again.",
+    "predictor/step_capped": "Share of the update's minibatch steps that `max_logit_step` scaled down.",
+    "predictor/<head>calibration_slope": "Slope of the head's fitted calibration; `<head>` is empty for the prefix head, `root_` for the root head.",
+    "predictor/<head>calibration_intercept": "Intercept of the head's fitted calibration (`<head>`: empty for prefixes, `root_` for roots).",
+    "predictor/<head>calibrated": "1 while the head answers calibrated, else 0 (`<head>`: empty for prefixes, `root_` for roots).",
+    "predictor/examples_used": "Root examples (prompts) a per-prompt history predictor (prompt_only, knapsack, brace) counted.",
+    "predictor/guard_shrink": "λ of the guarded predictor after the update: estimates are scaled to 0.5 + λ(p − 0.5).",
+    "predictor/guard_brier": "Weighted Brier score of the inner predictor's estimates on the step's examples, before its update.",
+    "predictor/guard_brier_half": "Weighted Brier score of a constant 0.5 on the same examples.",
+    "predictor/guard_gain": "Brier of 0.5 minus Brier of the scaled estimates, weighted over the guard's window of batches.",
+    # brace/*
+    "brace/concentration": "Fitted concentration ν of a prompt's rollout group (inf: independent draws).",
+    "brace/correlation": "1 / (1 + `brace/concentration`): the fitted correlation of rollouts within a group.",
+    "brace/groups_seen": "Rollout groups (≥2 rollouts of a prompt) kept to fit `brace/concentration`.",
+    # stage2/*
+    "stage2/brier_predictor": "Brier score of the predictor's estimate ṽ at each continuation's starting prefix against its outcome.",
+    "stage2/brier_evidence": "Brier score of the posterior (ṽ with the prefix's bare outcomes) at the current fit, on the same continuations.",
+    "stage2/continuations": "Continuations scored in the two Brier figures.",
+    "stage2/concentration": "Fitted concentration ν of a prefix's continuations (inf: independent draws, the paper's model).",
+    "stage2/own_weight": "Share of a first-turn prefix's posterior its bare outcome carries, 1 / (κ + 1) (0: the paper's value).",
+    "stage2/prompt_weight": "Fitted weight w of the prompt's other rollouts in a prefix's posterior (0 before the fit).",
+    # val/*
+    "val/accuracy_greedy": "Mean over held-out tasks of the reward of one greedy rollout.",
+    "val/accuracy_sampled": "Mean over held-out tasks of the mean reward of `train.eval_samples` sampled rollouts.",
+    "val/accuracy_sampled_se": "Standard error of `val/accuracy_sampled` from sampling noise on these tasks.",
+    "val/accuracy_sampled_se_tasks": "Standard error of `val/accuracy_sampled` from the spread over tasks (std / √tasks).",
+}
+"""Every name a run can log in its `metrics.jsonl` (and TensorBoard, W&B) -> a one-line definition.
+A `<name>` part matches any run of letters, digits and underscores, empty included (`definition`)."""
+
+
+def family(key: str) -> str:
+    """The family of a metric name: the part before its first `/` ("" for a name without one)."""
+    return key.split("/", 1)[0] if "/" in key else ""
+
+
+def _pattern(key: str) -> re.Pattern[str]:
+    return re.compile("".join(r"[A-Za-z0-9_]*" if part.startswith("<") else re.escape(part) for part in re.split(r"(<[^>]*>)", key)))
+
+
+def definition(key: str) -> str | None:
+    """The definition of a logged metric name: its exact entry in `DEFINITIONS`, else the first pattern
+    entry it matches; None for a name that has none."""
+    if key in DEFINITIONS:
+        return DEFINITIONS[key]
+    return next((text for name, text in DEFINITIONS.items() if "<" in name and _pattern(name).fullmatch(key)), None)
