@@ -459,8 +459,8 @@ def _holds_from(curve: list[tuple[float, float, float]], target: float) -> tuple
 
 
 def summary_table(summary: dict[str, Any]) -> str:
-    """The comparison as a Markdown table (the README's results tables are made from summary.json
-    with this function)."""
+    """The comparison as a Markdown table (`summary.md`, and the site's results pages, which
+    `scripts/docs_hooks.py` makes from each committed summary.json with this function)."""
     baseline = summary.get("baseline", "the baseline")
     header = (
         "| method | seeds | effective ratio | effective gradient ratio (budget share in mixed groups) | final accuracy (95% CI over seeds) "
