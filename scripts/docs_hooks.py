@@ -84,7 +84,8 @@ def on_config(config):
 
 
 def on_files(files, config):
-    from mkdocs.structure.files import File  # only the site build needs mkdocs; the page functions do not
+    # Only the site build needs mkdocs; the page functions above do not (the tests call them without it).
+    from mkdocs.structure.files import File
 
     docs = Path(config["docs_dir"])
     for folder in comparisons(docs):

@@ -265,8 +265,8 @@ def config_page() -> str:
                + " ".join(f"'{item}'" if " " in item else item for item in EXAMPLE_OVERRIDES), "sh"),
         "\n",
         "## Run config\n\n",
-        f"{prose(one_line(doc(RunConfig)))} {len(run_keys)} keys in {len(run_sections)} sections; "
-        f"{sum('.advanced.' not in key for key in run_keys)} outside the `advanced` blocks, which hold tuned internals a run never needs to set.\n\n",
+        (f"{prose(one_line(doc(RunConfig)))} {len(run_keys)} keys in {len(run_sections)} sections; "
+         f"{sum('.advanced.' not in key for key in run_keys)} outside the `advanced` blocks, which hold tuned internals a run never needs to set.\n\n"),
     ]
     for section in run_sections:
         parts.append(f"### {section_title(section, 'Top level')}\n\n")
