@@ -63,6 +63,7 @@ OUT_OF_RANGE: dict[str, list[str]] = {
     "task.topk": ["0", "-1"],
     "task.max_observation_chars": ["0"],
     "task.search_url": ["localhost:8000", "ftp://host"],
+    "task.env": ["HintEnv", "file:own_env.py", "no_such_module_xyz:make_env", "tests/no_such_file.py:make_env"],
     "task.seed": ["-1"],
     "task.options": ["{no_such_option: 1}", "[1, 2]"],
     "task.sandbox.python": ["python3"],

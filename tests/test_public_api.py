@@ -166,3 +166,46 @@ def test_the_warm_start_is_its_own_cached_step(tmp_path, monkeypatch, capsys):
     assert again == {**made, "trained_steps": 0}  # cached: train and compare find it so
     assert main(["warm-start", "--config", str(REPO / "configs/smoke.yaml"), "model.warm_start=false", "model.name=smollm2-135m"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["policy"] == "smollm2-135m"
+
+
+OWN_ENV = REPO / "tests" / "own_env.py"
+
+
+def test_an_env_of_your_own_is_checked_and_its_mistakes_are_one_line(tmp_path):
+    from trace_rl.run import build_env
+
+    sys.path.insert(0, str(REPO / "tests"))
+    try:
+        from own_env import make_env
+    finally:
+        sys.path.remove(str(REPO / "tests"))
+    tasks = load_taskset("multihop", split="train", num_tasks=4)
+    steps = trace_rl.check_env(make_env(tasks), tasks.tasks[0], ["<search>who</search>", f"<answer>{tasks.tasks[0].answers[0]}</answer>"])
+    assert steps[0].observation.startswith("hint:") and steps[-1].reward == 1.0
+    with pytest.raises(FieldError, match=r"task\.env.*has no attribute 'make_evn'"):
+        load_config(RunConfig, None, [f"task.env={OWN_ENV}:make_evn"])
+    with pytest.raises(FieldError, match=r"task\.env.*module:function"):
+        load_config(RunConfig, None, ["task.env=HintEnv"])
+    config = load_config(RunConfig, None, [f"task.env={OWN_ENV}:not_an_env", "model.warm_start=false", "model.name=smollm2-135m"])
+    with pytest.raises(ConfigError, match=r"returned a object without messages\(\), stop_strings\(\).*max_turns"):
+        build_env(config, tasks)
+    config = load_config(RunConfig, None, [f"task.env={OWN_ENV}:make_env"])  # tiny needs a warm start, which writes ToolEnv turns
+    with pytest.raises(ConfigError, match="makes a HintEnv, and model.warm_start writes its demonstrations"):
+        check_trainable(config)
+
+
+def test_a_config_naming_an_env_of_your_own_trains_through_the_cli(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "TRACE_RL_CACHE": str(tmp_path / "cache")}
+    smoke = str(REPO / "configs/smoke.yaml")
+    made = subprocess.run([sys.executable, "-m", "trace_rl", "warm-start", "--config", smoke, "sft.steps=10", "sft.demos=20"],
+                          env=env, capture_output=True, text=True, timeout=600, check=True)
+    policy = json.loads(made.stdout.strip().splitlines()[-1])["policy"]  # a tiny policy made ahead: needs no warm start now
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "trace_rl", "train", "--config", smoke, "--out", str(out), f"task.env={OWN_ENV}:make_env",
+                           f"model.name={policy}", "model.warm_start=false", *FAST[2:]], env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2] and "val/accuracy_sampled" in lines[-1]
+    trees = [json.loads(line) for line in (out / "trees" / "step_0001.jsonl").read_text().splitlines()]
+    observations = [node["info"].get("observation", "") for tree in trees for node in tree["nodes"] if node.get("info")]
+    assert any(o.startswith("hint:") for o in observations) and all(o == "" or o.startswith("hint:") for o in observations)  # HintEnv's steps

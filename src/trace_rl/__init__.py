@@ -9,8 +9,8 @@ The public API, importable from `trace_rl` itself (each name loads its module on
     trace_rl.train("configs/smoke.yaml", out="runs/mine", overrides=["task.name=shop.py:tasks"])
 
 - your own work: `task_set` (rows in memory or a file, your reward and tools), `Task`, `TaskSet`, `Tool`,
-  `ToolCall`, `Env` (the protocol an environment of your own implements), `ToolEnv`, `load_taskset`,
-  `SCORERS`, `score`;
+  `ToolCall`, `Env` (the protocol an environment of your own implements, named by `task.env`; its
+  `StepResult` / `StepInfo`, and `check_env` to test one), `ToolEnv`, `load_taskset`, `SCORERS`, `score`;
 - running: `RunConfig`, `load_config`, `train`, `evaluate`;
 - the method: `METHODS`, `get_method`, `allocate_roots` (Stage 1), `expand_prefixes` (Stage 2),
   `root_value`, `prefix_value`, `ESTIMATORS` (advantages over trees), `RolloutTree`.
@@ -33,6 +33,9 @@ _EXPORTS = {
     "Tool": "trace_rl.agent.tools",
     "Env": "trace_rl.agent.env",
     "ToolEnv": "trace_rl.agent.env",
+    "StepResult": "trace_rl.agent.env",
+    "StepInfo": "trace_rl.agent.env",
+    "check_env": "trace_rl.agent.env",
     "load_taskset": "trace_rl.agent.tasks",
     "SCORERS": "trace_rl.agent.scoring",
     "score": "trace_rl.agent.scoring",
@@ -57,12 +60,15 @@ __all__ = [
     "Env",
     "RolloutTree",
     "RunConfig",
+    "StepInfo",
+    "StepResult",
     "Task",
     "TaskSet",
     "Tool",
     "ToolCall",
     "ToolEnv",
     "allocate_roots",
+    "check_env",
     "evaluate",
     "expand_prefixes",
     "get_method",

@@ -23,6 +23,8 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from trace_rl.references import is_reference
+
 T = TypeVar("T")
 
 
@@ -670,10 +672,18 @@ class TaskConfig:
     against the loader's when the config loads (`trace_rl.agent.tasks.option_names`); their values
     when the tasks load, before any model."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    env: str | None = None
+    """Your own `Env` (`trace_rl.Env`), for anything richer than ReAct tool use: a `module:function` or
+    `path/file.py:function` that returns one, called with the task set it runs (`make_env(taskset) ->
+    Env`) in every process that builds an env. The collector calls only the protocol's methods and
+    `max_turns`. None: the bundled `ToolEnv` (`format`, `max_turns`, `topk`, `max_observation_chars`,
+    `search_url` and `sandbox` configure it, and do nothing for an env of your own)."""
 
     def __post_init__(self) -> None:
         """Ranges and sizes only: whether `name` names a task set, and `options` its loader's options, is
         checked by the run config, which can ask the loaders."""
+        if self.env is not None and not (is_reference(self.env)):
+            raise FieldError("env", self.env, "null or a module:function / path/file.py:function that returns your Env")
         if not isinstance(self.options, dict):
             raise FieldError("options", self.options, "a mapping of a task loader's options")
         check_freeform(self.options, "options")  # also here: a config built in code skips from_dict

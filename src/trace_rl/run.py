@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from trace_rl.agent.env import ToolEnv
+from trace_rl.agent.env import Env, ToolEnv, protocol_gaps
 from trace_rl.agent.scoring import score
 from trace_rl.agent.tasks import TASKSETS, available_tasksets, load_taskset, option_names
 from trace_rl.agent.types import Task, TaskSet
@@ -39,8 +39,8 @@ from trace_rl.config import (
 )
 from trace_rl.engine.base import Engine
 from trace_rl.predictor import BraceBank, PredictorConfig, SuccessPredictor, bank_counts
-from trace_rl.references import is_reference
 from trace_rl.predictor import build_predictor as make_predictor
+from trace_rl.references import BadReference, is_reference, resolve
 from trace_rl.rollout import (
     Executor,
     RolloutConfig,
@@ -96,6 +96,7 @@ class RunConfig:
             raise exc.under("train.") from exc
         check_task_name(self.task.name)
         check_task_options(self.task)
+        check_task_env(self.task)
         check_model(self.model)
 
 
@@ -165,6 +166,19 @@ def check_task_options(task: TaskConfig) -> None:
     if unknown := sorted(str(key) for key in set(task.options) - set(known)):
         raise FieldError("task.options", task.options, f"options of {task.name}: {', '.join(known) or 'none'}", did_you_mean(unknown[0], known))
     check_registered_options(task.name, task.options)
+
+
+def check_task_env(task: TaskConfig) -> None:
+    """FieldError unless `task.env` is null or names a function that loads here (resolved, not called:
+    it is called with each task set when an env is built)."""
+    if task.env is None:
+        return
+    try:
+        factory = resolve(task.env, "task.env")
+    except BadReference as exc:
+        raise FieldError("task.env", task.env, f"a function that returns your Env ({exc})") from exc
+    if not callable(factory):
+        raise FieldError("task.env", task.env, f"a function that returns your Env, not a {type(factory).__name__}")
 
 
 def check_registered_options(name: str, options: dict[str, Any]) -> None:
@@ -248,7 +262,7 @@ def check_context_room(config: RunConfig, tokenizer: Any, env: ToolEnv, tasksets
 class Parts:
     train: TaskSet
     test: TaskSet
-    env: ToolEnv
+    env: Env
     policy: Any  # trace_rl.models.Policy (imports torch, so not at module level)
     engine: Engine
     predictor: SuccessPredictor
@@ -270,8 +284,17 @@ def check_search_server(task: TaskConfig) -> None:
                           "(python -m trace_rl.agent.tools.retrieval_server, or your own), or unset task.search_url to search the task's own corpus") from None
 
 
-def build_env(config: RunConfig, taskset: TaskSet) -> ToolEnv:
+def build_env(config: RunConfig, taskset: TaskSet) -> Env:
+    """The env `taskset`'s episodes run in: the user's own (`task.env`, called with the task set) or
+    the bundled ReAct `ToolEnv` with the task set's tools. ConfigError when the user's function returns
+    something without the `Env` protocol's methods, naming what it lacks."""
     task = config.task
+    if task.env is not None:
+        env = resolve(task.env, "task.env")(taskset)
+        if gaps := protocol_gaps(env):
+            raise ConfigError(f"task.env={task.env!r} returned a {type(env).__name__} without {', '.join(gaps)}: an env "
+                              "of your own needs every method of trace_rl.Env (messages, stop_strings, reset, step, snapshot, restore, spawn) and max_turns")
+        return env
     return ToolEnv.for_taskset(
         taskset,
         turn_format=task.format,
@@ -342,6 +365,8 @@ def check_trainable(config: RunConfig) -> None:
                 "that writes its tool calls: give the task set one (task_set(oracle=...) or task_set(demonstrations=...)), "
                 "or start from a pretrained model without a warm start (model.warm_start=false)"
             )
+    if config.model.warm_start and config.task.env is not None:
+        demo_env(config, task_splits(config)[0])
     if config.engine.name == "openai":
         if config.engine.weight_sync == "none":
             raise ConfigError(
@@ -374,7 +399,7 @@ def build_parts(config: RunConfig, *, progress: Callable[[int, float], None] | N
     test = load_tasks(config.task, "test", config.task.test_tasks)
     env = build_env(config, train)
     if config.rollout.method == "brace" and config.rollout.brace.exclude_certified:
-        useless = certified_useless(train.tasks, env.scorer, config.rollout.success_threshold)
+        useless = certified_useless(train.tasks, score, config.rollout.success_threshold)
         if len(useless) == len(train.tasks):
             raise ConfigError(f"rollout.brace.exclude_certified: all {len(train.tasks)} train tasks are certified useless by their scorer (pre-solved or unsatisfiable)")
         train = replace(train, tasks=[t for t in train.tasks if t.task_id not in useless], meta={**train.meta, "brace_excluded": useless})
@@ -481,10 +506,23 @@ def task_splits(config: RunConfig) -> tuple[TaskSet, TaskSet]:
     return replace(full, tasks=demos), replace(full, tasks=rest)
 
 
+def demo_env(config: RunConfig, demos: TaskSet) -> ToolEnv:
+    """The env the warm start's demonstrations run in: `build_env`'s, which must be a `ToolEnv` (the
+    demonstrations are its ReAct turns); ConfigError for an env of the user's own that is not one."""
+    env = build_env(config, demos)
+    if not isinstance(env, ToolEnv):
+        raise ConfigError(
+            f"task.env={config.task.env!r} makes a {type(env).__name__}, and model.warm_start writes its demonstrations as the "
+            "bundled ToolEnv's ReAct turns: start from a model that needs none (model.warm_start=false: a pretrained "
+            "instruct model, or a folder an earlier warm start made), or subclass trace_rl.ToolEnv"
+        )
+    return env
+
+
 def policy_source(
     config: RunConfig,
     demos: TaskSet | None = None,
-    env: ToolEnv | None = None,
+    env: Env | None = None,
     *,
     progress: Callable[[int, float], None] | None = None,
 ) -> str:
@@ -498,7 +536,7 @@ def policy_source(
     from trace_rl.models import TinyConfig
 
     tiny = TinyConfig(split_digits=True) if config.model.split_digits else None
-    return str(warm_start(config.model.name, demos, env or build_env(config, demos), config.sft, tiny=tiny, progress=progress))
+    return str(warm_start(config.model.name, demos, env if isinstance(env, ToolEnv) else demo_env(config, demos), config.sft, tiny=tiny, progress=progress))
 
 
 def evaluate_policy(config: RunConfig, run_dir: str | Path | None = None, *, samples: int | None = None) -> dict[str, Any]:

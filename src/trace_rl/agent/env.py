@@ -318,6 +318,20 @@ class ToolEnv:
         return kept + TRUNCATION_MARKER.format(n=len(text) - len(kept)), True
 
 
+ENV_METHODS = ("messages", "stop_strings", "reset", "step", "snapshot", "restore", "spawn")
+"""The methods of the `Env` protocol, all the collector calls besides `max_turns`."""
+
+
+def protocol_gaps(env: object) -> list[str]:
+    """What `env` lacks of the `Env` protocol's shape (missing methods, a `max_turns` that is not a
+    positive int); empty when it has it all. `check_env` checks the behaviour on an episode."""
+    gaps = [f"{name}()" for name in ENV_METHODS if not callable(getattr(env, name, None))]
+    turns = getattr(env, "max_turns", None)
+    if not (isinstance(turns, int) and not isinstance(turns, bool) and turns >= 1):
+        gaps.append(f"max_turns (a positive int, not {turns!r})")
+    return gaps
+
+
 def check_env(env: Env, task: Task, actions: Sequence[str], *, seed: int = 0) -> list[StepResult]:
     """The `Env` contract, checked on one recorded episode; raises AssertionError naming the broken rule.
 
@@ -359,4 +373,4 @@ def default_scorer(task: Task, answer: str) -> float:
     return float(score(task, answer))
 
 
-__all__ = ["Env", "EnvSnapshot", "Scorer", "StepInfo", "StepResult", "ToolEnv", "check_env", "default_scorer"]
+__all__ = ["ENV_METHODS", "Env", "EnvSnapshot", "Scorer", "StepInfo", "StepResult", "ToolEnv", "check_env", "default_scorer", "protocol_gaps"]

@@ -1,0 +1,74 @@
+"""An environment of a user's own, not a ToolEnv: the questions of any task set, answered with hints.
+
+A turn that answers (`<answer>…</answer>`) ends the episode, scored by exact match; any other turn
+costs a turn and gets a hint (the answer's length and first letter). Named from a config as
+`task.env: tests/own_env.py:make_env`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+import trace_rl
+from trace_rl import StepInfo, StepResult, Task, TaskSet
+
+
+@dataclass(frozen=True)
+class State:
+    task: Task
+    turns: int
+
+
+class HintEnv:
+    max_turns = 3
+
+    def __init__(self) -> None:
+        self.state: State | None = None
+        self.done = True
+
+    def messages(self, task: Task) -> list[dict[str, str]]:
+        return [{"role": "system", "content": "Answer as <answer>…</answer>; anything else buys a hint."},
+                {"role": "user", "content": task.question}]
+
+    def stop_strings(self) -> tuple[str, ...]:
+        return ("</answer>", "</search>")
+
+    def reset(self, task: Task, *, seed: int | None = None) -> str:
+        self.state, self.done = State(task, 0), False
+        return task.question
+
+    def step(self, action: str) -> StepResult:
+        if self.state is None or self.done:
+            raise RuntimeError("no episode in progress")
+        task, turn = self.state.task, self.state.turns + 1
+        self.state = State(task, turn)
+        found = re.search(r"<answer>(.*?)</answer>", action, re.S)
+        info = StepInfo(turn=turn, text=action, thought="", action=action, call=None, answer=found.group(1).strip() if found else None)
+        if found:
+            self.done = True
+            return StepResult("", float(found.group(1).strip() == task.answers[0]), True, False, info)
+        self.done = turn >= self.max_turns
+        gold = task.answers[0]
+        hint = "" if self.done else f"hint: {len(gold)} letters, starts with {gold[:1]!r}"
+        return StepResult(hint, 0.0, False, self.done, replace(info, observation=hint))
+
+    def snapshot(self) -> tuple[State | None, bool]:
+        return self.state, self.done
+
+    def restore(self, snapshot: tuple[State | None, bool]) -> None:
+        self.state, self.done = snapshot
+
+    def spawn(self) -> HintEnv:
+        return HintEnv()
+
+
+def make_env(taskset: TaskSet) -> HintEnv:
+    return HintEnv()
+
+
+def not_an_env(taskset: TaskSet) -> object:
+    return object()
+
+
+assert trace_rl.Env  # the protocol HintEnv implements
