@@ -43,7 +43,7 @@ class HintEnv:
             raise RuntimeError("no episode in progress")
         task, turn = self.state.task, self.state.turns + 1
         self.state = State(task, turn)
-        found = re.search(r"<answer>(.*?)</answer>", action, re.S)
+        found = re.search(r"<answer>(.*?)</answer>", action, re.DOTALL)
         info = StepInfo(turn=turn, text=action, thought="", action=action, call=None, answer=found.group(1).strip() if found else None)
         if found:
             self.done = True
