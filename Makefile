@@ -48,7 +48,7 @@ test-slow: $(STAMP)
 test-trl: $(TRL_STAMP)
 	$(TRL_VENV)/bin/python -m pytest -m trl
 
-# Ray rollout workers (trace_rl.distributed): the same trees as the local collector, weights pushed.
+# Ray rollout workers (trace_rl.rollout): the same trees as the local collector, weights pushed.
 test-ray: $(RAY_STAMP)
 	$(RAY_VENV)/bin/python -m pytest -m ray
 

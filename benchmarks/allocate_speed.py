@@ -25,8 +25,8 @@ from typing import TypeVar
 import numpy as np
 from common import arguments, emit, parse_args
 
-from trace_rl.allocate import allocate_roots, expand_prefixes
-from trace_rl.contrast import prefix_value, root_value
+from trace_rl.core.contrast import prefix_value, root_value
+from trace_rl.core.solvers import allocate_roots, expand_prefixes
 
 T = TypeVar("T")
 

@@ -29,7 +29,7 @@ from trace_rl.engine.hf import HFEngine
 from trace_rl.engine.openai_server import OpenAIEngine
 from trace_rl.models import load_policy
 from trace_rl.predictor import HashedNgramPredictor
-from trace_rl.rollout import RolloutConfig, TreeRolloutCollector
+from trace_rl.rollout.collector import RolloutConfig, TreeRolloutCollector
 
 
 def main(argv: list[str] | None = None) -> int:

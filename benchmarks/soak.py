@@ -24,9 +24,9 @@ from pathlib import Path
 
 from common import arguments, emit, parse_args
 
-from trace_rl.config import load_config
+from trace_rl.infra.config import load_config
 from trace_rl.run import RunConfig, build_parts, build_trainer
-from trace_rl.rundir import read_metrics
+from trace_rl.train.rundir import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 

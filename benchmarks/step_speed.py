@@ -30,7 +30,7 @@ import torch
 from common import arguments, emit, parse_args
 from hardware import matmul_gflops
 
-from trace_rl.config import load_config
+from trace_rl.infra.config import load_config
 from trace_rl.run import RunConfig, build_parts, build_trainer
 
 SPLIT = ("timing_s/gen", "timing_s/env", "timing_s/update", "timing_s/predictor", "timing_s/alloc", "timing_s/step")

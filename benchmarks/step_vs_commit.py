@@ -7,7 +7,7 @@
 `step_speed.py` compares two paths of today's code (the prefix cache and the packed update on and
 off); this compares today's code with the code of `--base` itself, which is what "faster than the
 code the issue measured" means. The base commit's `src/` and the config file are taken from git
-(`trace_rl.rundir.code_at`) into a temporary folder; each round runs both codes in fresh `trace-rl
+(`trace_rl.research.reproduce.code_at`) into a temporary folder; each round runs both codes in fresh `trace-rl
 train` processes (`train_with`), one after the other (base first), each for `--steps` training steps
 from the same cached warm start, with `model.cpu_threads` threads and no evaluation, and keeps each
 step's time split. The two codes draw their samples differently (the sampler changed), so their
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from common import arguments, emit, parse_args
 
-from trace_rl.rundir import code_at, train_with
+from trace_rl.research.reproduce import code_at, train_with
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ("timing_s/step", "timing_s/gen", "timing_s/update", "rollout/tokens_generated")

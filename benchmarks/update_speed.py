@@ -47,9 +47,9 @@ def scripted_trees(model_name: str, prompts: int, budget: int, seed: int) -> tup
     from scripted_engine import ScriptedEngine
 
     from trace_rl.agent.tasks import load_taskset
-    from trace_rl.config import load_config
+    from trace_rl.infra.config import load_config
     from trace_rl.models import load_policy
-    from trace_rl.rollout import TreeRolloutCollector
+    from trace_rl.rollout.collector import TreeRolloutCollector
     from trace_rl.run import RunConfig, build_env, build_predictor
 
     config = load_config(RunConfig, None, [f"prompts_per_step={prompts}", f"rollout.budget={budget}", f"seed={seed}"])
@@ -93,11 +93,11 @@ def set_on_policy(model, trees, temperature: float) -> None:
 
 
 def run_trees(folder: Path, step: int | None, checkpoint: bool) -> tuple[list, object, object]:
-    from trace_rl.config import load_config
+    from trace_rl.core.tree import read_jsonl
+    from trace_rl.infra.config import load_config
     from trace_rl.models import load_policy
     from trace_rl.run import RunConfig, policy_source
-    from trace_rl.rundir import RunDir
-    from trace_rl.tree import read_jsonl
+    from trace_rl.train.rundir import RunDir
 
     run = RunDir(folder)
     config = load_config(RunConfig, run.config_path, [])
@@ -164,7 +164,7 @@ def gradient(model, config, sequences, *, update: str, precision: str) -> torch.
 
 def logprobs(model, sequences, *, packed: bool, temperature: float, max_len: int, dtype: torch.dtype | None) -> torch.Tensor:
     """Every trained token's log-prob (the KL-term rule: zero advantages included), in one order."""
-    from trace_rl.models import packed_token_logprobs, token_logprobs
+    from trace_rl.models import token_logprobs
     from trace_rl.train.sequences import (
         in_loss,
         micro_batches,
@@ -173,6 +173,7 @@ def logprobs(model, sequences, *, packed: bool, temperature: float, max_len: int
         pad_batch,
         tree_groups,
     )
+    from trace_rl.train.tree_attention import packed_token_logprobs
 
     out = []
     with torch.no_grad(), torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
@@ -195,8 +196,8 @@ def dense_mask_check(model, sequences, *, temperature: float, max_len: int, repe
     """The alternative: the same packs, one per row, through the model's own attention with a dense
     (B, 1, N, N) tree mask (transformers passes a 4-D mask through as it is: bool for sdpa, additive
     float for eager). Forward + backward of the summed log-probs, against the packed layout's."""
-    from trace_rl.models import packed_token_logprobs
     from trace_rl.train.sequences import pack_batch, pack_tree, tree_groups
+    from trace_rl.train.tree_attention import packed_token_logprobs
 
     packs = [p for g in tree_groups(sequences) for p in pack_tree(g, max_len=max_len, zero_advantage=True)]
     eager = model.config._attn_implementation == "eager"
@@ -290,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(parser, argv, prompts=4, budget=16, repeat=1, no_bf16=not any(native_bf16().values()))
     torch.set_num_threads(args.threads)
 
-    from trace_rl.advantage import get_estimator
+    from trace_rl.core.advantage import get_estimator
     from trace_rl.train.sequences import tree_sequences
 
     if args.run:

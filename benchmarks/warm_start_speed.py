@@ -36,7 +36,7 @@ VARIANTS = {"padded": (False, "fp32"), "packed": (True, "fp32"), "padded_bf16": 
 def run_variant(name: str, overrides: list[str], steps: int, warmup: int, threads: int = 0) -> dict:
     import torch
 
-    from trace_rl.config import load_config
+    from trace_rl.infra.config import load_config
     from trace_rl.run import RunConfig, build_env, task_splits
     from trace_rl.train import sft
 

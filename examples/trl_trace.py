@@ -27,7 +27,7 @@ from typing import Any
 
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
-from trace_rl.config import load_config
+from trace_rl.infra.config import load_config
 from trace_rl.integrations.trl import TraceGRPOTrainer, TraceRollout, grpo_config
 from trace_rl.run import RunConfig, build_parts
 

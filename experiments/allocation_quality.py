@@ -4,7 +4,7 @@
     python experiments/allocation_quality.py --stage1-share 0.6    # another Stage 1 / Stage 2 split
     python experiments/allocation_quality.py --table               # also a table for people (on stderr)
 
-The methods, figures and defaults are documented in `trace_rl.bench`; `trace-rl bench allocation`
+The methods, figures and defaults are documented in `trace_rl.research.bench`; `trace-rl bench allocation`
 runs the same thing.
 """
 
@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from trace_rl.bench import ROWS, run_benchmark, summary_table
+from trace_rl.research.bench import ROWS, run_benchmark, summary_table
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,11 +1,11 @@
 """How often a step's Brier above 0.25 is noise: the true probabilities, scored as training scores a predictor.
 
 `predictor/brier` scores the allocator's estimates against the 0/1 outcomes of the rollouts started
-where they were made (`trace_rl.metrics.predictor_metrics`). TRACE bets on nodes whose descendants
+where they were made (`trace_rl.planning.metrics.predictor_metrics`). TRACE bets on nodes whose descendants
 are likely to mix, i.e. near p = 0.5, where even the truth scores about p(1 - p) ~ 0.25, and a step
 scores only its budget's rollouts (64 in the paper regime), so a single step's Brier is noisy. This
-benchmark grows TRACE batches on the latent-tree simulator (`trace_rl.sim`, the planner that trains,
-`trace_rl.bench.run_batch`) twice over the same prompts: planned by the true success probabilities
+benchmark grows TRACE batches on the latent-tree simulator (`trace_rl.research.sim`, the planner that trains,
+`trace_rl.research.bench.run_batch`) twice over the same prompts: planned by the true success probabilities
 (`trace@oracle`) and by the shared predictor learning online (`trace`), and prints, per row, the mean
 per-batch Brier after `--warmup` batches, the worst batch, and the share of batches above 0.25. The
 oracle's share is the floor: a target of "below 0.25 on every step" fails that often by chance alone.
@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from trace_rl.bench import BenchConfig, _stream, run_batch
-from trace_rl.methods import get_method
-from trace_rl.metrics import predictor_metrics
+from trace_rl.planning.methods import get_method
+from trace_rl.planning.metrics import predictor_metrics
 from trace_rl.predictor import backup_targets, build_predictor
-from trace_rl.sim import LatentTreeSimulator
+from trace_rl.research.bench import BenchConfig, _stream, run_batch
+from trace_rl.research.sim import LatentTreeSimulator
 
 ROWS = ("trace@oracle", "trace")
 

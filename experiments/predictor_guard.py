@@ -1,6 +1,6 @@
 """TRACE with a predictor that is wrong on purpose, with and without the guard (`predictor.guard`).
 
-On the latent-tree simulator (`trace_rl.sim`, planned by the code that trains, `trace_rl.bench.run_batch`),
+On the latent-tree simulator (`trace_rl.research.sim`, planned by the code that trains, `trace_rl.research.bench.run_batch`),
 in the paper's regime (32 candidate prompts, budget 64), each world runs TRACE with the shared
 predictor learning online from its own trees, its estimates spoiled one of three ways before the
 allocator reads them:
@@ -34,11 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from trace_rl.bench import BenchConfig, run_batch
-from trace_rl.metrics import tree_metrics
+from trace_rl.core.tree import History
+from trace_rl.planning.metrics import tree_metrics
 from trace_rl.predictor import GuardedPredictor, HashedNgramPredictor, backup_targets
-from trace_rl.sim import LatentTreeSimulator
-from trace_rl.tree import History
+from trace_rl.research.bench import BenchConfig, run_batch
+from trace_rl.research.sim import LatentTreeSimulator
 
 SPOILINGS = ("clean", "inverted", "contrarian", "shuffled", "shifted")
 

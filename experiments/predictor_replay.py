@@ -3,7 +3,7 @@
 For each run, the steps are replayed in order. At each step every predictor is first scored on that
 step's trees, *before* it learns from them, exactly as training logs `predictor/brier`: each
 rollout's 0/1 outcome against the estimate at the node it started from (`Node.rollout_start`: the
-root for a bare rollout, the prefix for a continuation; `trace_rl.metrics.allocator_outcomes`). The
+root for a bare rollout, the prefix for a continuation; `trace_rl.planning.metrics.allocator_outcomes`). The
 recorded `Node.predicted` is the recording predictor's, so every predictor here makes its own
 estimate at those same nodes. Then each predictor updates on `backup_targets(trees)`, as the trainer
 does, and its `predictor/loss` (before) and `predictor/loss_after` are kept.
@@ -28,8 +28,8 @@ them, `calibration_slope` / `calibration_intercept`. `summary` averages each fig
 steps, with `max_brier`; `acceptance` checks that `shared`'s Brier is below 0.25 on every step after
 the warm-up and below `running_mean`'s on average.
 
-The same replay runs on the simulator (`trace_rl.sim`): batches of the allocation benchmark's `trace`
-row (planned by a `shared` predictor learning online from them, `trace_rl.bench.run_batch`) and of its
+The same replay runs on the simulator (`trace_rl.research.sim`): batches of the allocation benchmark's `trace`
+row (planned by a `shared` predictor learning online from them, `trace_rl.research.bench.run_batch`) and of its
 `grpo` row, with the benchmark's predictor settings (`BenchConfig().predictor`, plus `--set`); each
 step's figures are averaged over `--sim-seeds` worlds before the summary. Two 20-step runs and the
 simulator take about a minute.
@@ -58,8 +58,8 @@ from typing import Any
 
 import numpy as np
 
-from trace_rl.bench import BenchConfig, run_batch
-from trace_rl.config import from_dict, set_dotted
+from trace_rl.core.tree import RolloutTree, read_jsonl
+from trace_rl.infra.config import from_dict, set_dotted
 from trace_rl.predictor import (
     HashedNgramPredictor,
     PredictorConfig,
@@ -69,8 +69,8 @@ from trace_rl.predictor import (
     build_predictor,
     expected_calibration_error,
 )
-from trace_rl.sim import LatentTreeSimulator
-from trace_rl.tree import RolloutTree, read_jsonl
+from trace_rl.research.bench import BenchConfig, run_batch
+from trace_rl.research.sim import LatentTreeSimulator
 
 PREVIOUS = "145a511"
 """The last commit before the real-tree fix: its HashedNgramPredictor is the `shared_previous` row."""

@@ -1,6 +1,6 @@
 """How well Stage 2's success estimates of the prefixes it expanded foretold their continuations, on a run's saved trees.
 
-Replays `trace_rl.evidence.Stage2Evidence` online over a TRACE run's trees (`<run>/trees/step_*.jsonl`),
+Replays `trace_rl.planning.evidence.Stage2Evidence` online over a TRACE run's trees (`<run>/trees/step_*.jsonl`),
 step by step as training would: each step's continuations are scored before the model refits on them.
 Beside it, the predictor's own estimate (the paper's Stage-2 value, what `predicted` recorded) and a
 constant that predicts the mean continuation outcome of the steps before. Also the share of
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from trace_rl.evidence import Stage2Evidence, continuations
-from trace_rl.tree import read_jsonl
+from trace_rl.core.tree import read_jsonl
+from trace_rl.planning.evidence import Stage2Evidence, continuations
 
 
 def replay(run: Path, after: int, threshold: float = 0.5) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """TRACE under a token budget (`rollout.budget_unit: tokens`) against TRACE under the paper's leaf
 budget, at an equal number of generated tokens; and the token solvers' speed beside the leaf ones'.
 
-Allocation: the allocation benchmark (`trace_rl.bench`: the latent-tree simulator, the planner that
+Allocation: the allocation benchmark (`trace_rl.research.bench`: the latent-tree simulator, the planner that
 trains) first runs `grpo`, `trace` (learned predictor) and `trace@oracle` with `--budget` leaves a
 batch. Each row's mean generated tokens per batch then becomes that row's token budget in a second
 run with `budget_unit: tokens`, on the same worlds and prompts, so each pair spends the same tokens
@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from trace_rl.allocate import allocate_roots, expand_prefixes
-from trace_rl.bench import TOKEN_FIGURES, run_benchmark
-from trace_rl.token_budget import allocate_roots_by_cost, expand_prefixes_by_cost
+from trace_rl.core.solvers import allocate_roots, expand_prefixes
+from trace_rl.core.token_budget import allocate_roots_by_cost, expand_prefixes_by_cost
+from trace_rl.research.bench import TOKEN_FIGURES, run_benchmark
 
 ROWS = ("grpo", "trace", "trace@oracle")
 SHOWN = ("effective_ratio", "mixed_budget_share", *TOKEN_FIGURES)

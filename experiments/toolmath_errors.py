@@ -29,10 +29,10 @@ from trace_rl.agent.env import ToolEnv
 from trace_rl.agent.protocol import ANSWER
 from trace_rl.agent.tasks.toolmath import _question_numbers, toolmath_oracle
 from trace_rl.agent.types import Task, ToolCall
-from trace_rl.config import load_config
-from trace_rl.rollout import RolloutConfig, TreeRolloutCollector
+from trace_rl.core.tree import RolloutTree
+from trace_rl.infra.config import load_config
+from trace_rl.rollout.collector import RolloutConfig, TreeRolloutCollector
 from trace_rl.run import RunConfig, build_parts
-from trace_rl.tree import RolloutTree
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 EXAMPLES = 3

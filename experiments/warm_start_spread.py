@@ -25,8 +25,8 @@ from dataclasses import asdict
 
 import numpy as np
 
-from trace_rl.config import load_config
-from trace_rl.rollout import RolloutConfig, TreeRolloutCollector
+from trace_rl.infra.config import load_config
+from trace_rl.rollout.collector import RolloutConfig, TreeRolloutCollector
 from trace_rl.run import Parts, RunConfig, build_parts
 from trace_rl.train.sft import sft_stats
 

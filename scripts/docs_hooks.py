@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trace_rl.compare import summary_table
+from trace_rl.research.compare import summary_table
 
 PLOT_TITLES = {
     "accuracy": "Held-out accuracy by step",

@@ -4,13 +4,13 @@
     python scripts/docs_reference.py --check    # exit 1, naming each page that differs from the code
 
 - config.md: every key of a run config (`trace_rl.run.RunConfig`, its sections found by walking its
-  dataclass fields) and of a comparison config (`trace_rl.compare.CompareConfig`), with its type, its
+  dataclass fields) and of a comparison config (`trace_rl.research.compare.CompareConfig`), with its type, its
   default and the attribute docstring that follows the field in the source.
 - cli.md: every `trace-rl` subcommand and its arguments, read from `trace_rl.cli.build_parser()`.
-- methods.md: the method registry (`trace_rl.methods.METHODS`) and the advantage estimators
-  (`trace_rl.advantage.ESTIMATORS`).
+- methods.md: the method registry (`trace_rl.planning.methods.METHODS`) and the advantage estimators
+  (`trace_rl.core.advantage.ESTIMATORS`).
 - metrics.md: every name a run logs in its `metrics.jsonl`, with its definition, grouped by family,
-  read from `trace_rl.metrics.DEFINITIONS`.
+  read from `trace_rl.planning.metrics.DEFINITIONS`.
 
 Nothing here is written by hand that the code already says: a new key, option, method or figure
 changes a page, and `tests/test_docs_reference.py` fails until the pages are regenerated. The output
@@ -242,8 +242,8 @@ def section_title(section: Section, top: str) -> str:
 
 
 def config_page() -> str:
-    from trace_rl import config as config_module
-    from trace_rl.compare import CompareConfig
+    from trace_rl.infra import config as config_module
+    from trace_rl.research.compare import CompareConfig
     from trace_rl.run import RunConfig
 
     run_sections = list(walk(RunConfig))
@@ -292,7 +292,7 @@ def config_page() -> str:
 def task_options_section() -> str:
     """`task.options` of the bundled task sets: each loader's keyword options and their defaults."""
     from trace_rl.agent.tasks import TASKSETS, loaders, multihop, option_names
-    from trace_rl.config import TaskConfig
+    from trace_rl.infra.config import TaskConfig
 
     parts = [
         "### `task.options` of the bundled task sets\n\n",
@@ -388,9 +388,10 @@ def cli_page() -> str:
 
 
 def methods_page() -> str:
-    from trace_rl import advantage, methods
-    from trace_rl.advantage import DEFAULT_ESTIMATOR, ESTIMATORS
-    from trace_rl.methods import METHODS, MethodSpec
+    from trace_rl.core import advantage
+    from trace_rl.core.advantage import DEFAULT_ESTIMATOR, ESTIMATORS
+    from trace_rl.planning import methods
+    from trace_rl.planning.methods import METHODS, MethodSpec
 
     spec_docs = attribute_docs(MethodSpec)
     columns = [("Method", "name"), ("Stage 1", "stage1"), ("Stage 2", "stage2"), ("Estimator", "estimator"),
@@ -409,18 +410,18 @@ def methods_page() -> str:
         "## The method registry\n\n",
         prose(one_line(attribute_docs_module(methods, "METHODS"))) + "\n\n",
         table([title for title, _ in columns], rows),
-        "\nWhat the columns hold (`trace_rl.methods.MethodSpec`):\n\n",
+        "\nWhat the columns hold (`trace_rl.planning.methods.MethodSpec`):\n\n",
         table(["Column", "Field", "Meaning"], [[title, code(name), prose(one_line(spec_docs.get(name, ""))) or "—"] for title, name in columns]),
         "\n## Advantage estimators\n\n",
         prose(summary(doc(advantage))) + " `train.advantage` picks one (default: the method's estimator, "
         f"above; `{DEFAULT_ESTIMATOR}` where none is named), and `train.advantage_options` sets its options.\n\n",
         table(
             ["Estimator", "Function", "Options (defaults)", "What it does"],
-            [[code(name), code(f"trace_rl.advantage.{fn.__name__}"), estimator_options(fn), prose(summary(doc(fn)))]
+            [[code(name), code(f"trace_rl.core.advantage.{fn.__name__}"), estimator_options(fn), prose(summary(doc(fn)))]
              for name, fn in ESTIMATORS.items()],
         ),
         "\n### Notation\n\n",
-        "From `trace_rl.advantage`:\n\n",
+        "From `trace_rl.core.advantage`:\n\n",
         fenced(details(doc(advantage))),
     ]
     for name, fn in ESTIMATORS.items():
@@ -448,14 +449,14 @@ def attribute_docs_module(module: types.ModuleType, name: str) -> str:
 
 
 def metrics_page() -> str:
-    from trace_rl import metrics
+    from trace_rl.planning import metrics
 
     parts = [
         HEADER,
         "# Metrics\n\n",
         prose(summary(doc(metrics))) + "\n\n",
         ("Every name a run can log in its `metrics.jsonl` (and TensorBoard, W&B), with what it measures, "
-         "grouped by family (the part of the name before its first `/`), read from `trace_rl.metrics.DEFINITIONS`. "
+         "grouped by family (the part of the name before its first `/`), read from `trace_rl.planning.metrics.DEFINITIONS`. "
          "Some families appear only for some methods or settings (said under each). "
          "A `<name>` part stands for the names the code builds there.\n\n"),
         f"{prose(one_line(attribute_docs_module(metrics, 'FIGURES')))}\n\n",

@@ -10,7 +10,7 @@ An exported folder holds what it takes to check or redo every number: the compar
 command, `summary.json` / `summary.md` as `trace-rl compare` wrote them (recomputed from the copied
 runs), each run's `config.yaml` at `<method>/seed_<k>/` with its `metrics.jsonl` and `code.json` packed
 into the folder's `runs.tar.xz` (`pack`: `tar -xJf runs.tar.xz` puts them back; every reader here and in
-trace_rl takes either form, `trace_rl.rundir.read_run_file`; no checkpoints, no trees), and the plots, as
+trace_rl takes either form, `trace_rl.train.rundir.read_run_file`; no checkpoints, no trees), and the plots, as
 256-colour PNGs. The documentation site's results pages are generated from these files when it
 is built (`scripts/docs_hooks.py`), so a page can only say what the files say. `reproduce` reruns a run folder's first
 steps with the code it was made with and checks that they give the numbers it recorded. `signal` reads
@@ -34,21 +34,20 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from trace_rl.compare import CompareConfig, summarise, summary_table
-from trace_rl.config import load_config
-from trace_rl.metrics import agreeing_budget
+from trace_rl.core.tree import read_jsonl
+from trace_rl.infra.config import load_config
+from trace_rl.planning.metrics import agreeing_budget
 from trace_rl.report.plots import find_runs, plot_path
-from trace_rl.rundir import (
+from trace_rl.research.compare import CompareConfig, summarise, summary_table
+from trace_rl.research.reproduce import code_at, train_with
+from trace_rl.train.rundir import (
     START,
     RunDir,
-    code_at,
     pack_runs,
     read_metrics,
     read_run_file,
     run_file_exists,
-    train_with,
 )
-from trace_rl.tree import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -82,7 +81,7 @@ def export(run_dir: Path, dest: Path, config_path: Path) -> dict:
 
 def pack(folder: Path) -> dict:
     """Make a results folder lean, losing no number: its runs' `metrics.jsonl` and `code.json` go into
-    `runs.tar.xz` (`trace_rl.rundir.pack_runs`) and its plots become 256-colour PNGs (`shrink_plots`).
+    `runs.tar.xz` (`trace_rl.train.rundir.pack_runs`) and its plots become 256-colour PNGs (`shrink_plots`).
     Packing a packed folder changes nothing; the same runs give the same bytes. Returns what was done."""
     archive = pack_runs(folder)
     return {"folder": str(folder), "archive": str(archive) if archive else None, "plots": [str(p) for p in shrink_plots(folder)]}
@@ -253,7 +252,7 @@ def signal(results: Path) -> dict:
 
 
 UNMIXED = ("failed_budget_share", "solved_budget_share", "most_leaves_unmixed")
-"""The budget that cannot teach (`trace_rl.metrics.agreeing_budget`, logged as `tree/<name>`), what `trees` recomputes."""
+"""The budget that cannot teach (`trace_rl.planning.metrics.agreeing_budget`, logged as `tree/<name>`), what `trees` recomputes."""
 
 
 def tree_figures(run: Path, warmup: int, at_least: int) -> dict | None:

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from trace_rl.advantage import (
+from trace_rl.core.advantage import (
     DEFAULT_ESTIMATOR,
     ESTIMATORS,
     NodeAdvantages,
@@ -23,7 +23,7 @@ from trace_rl.advantage import (
     tree_grpo,
     treerl,
 )
-from trace_rl.tree import Node, RolloutTree
+from trace_rl.core.tree import Node, RolloutTree
 
 S2, S3 = math.sqrt(2.0), math.sqrt(3.0)
 EXACT = {"rel": 1e-12, "abs": 1e-12}

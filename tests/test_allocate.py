@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from repo_files import load
 
-from trace_rl.allocate import allocate_roots, expand_for_prompts, expand_prefixes, random_prefixes, uniform_roots
+from trace_rl.core.baselines import random_prefixes, uniform_roots
+from trace_rl.core.solvers import allocate_roots, expand_for_prompts, expand_prefixes
 
 bench = load("benchmarks/allocate_speed.py")
 """The benchmark holds the exact references (DP, heap greedy); they are tested here too, because its
@@ -17,7 +18,7 @@ bench = load("benchmarks/allocate_speed.py")
 
 
 def root_objective(v, m) -> np.ndarray:
-    """Σ V_root per row of allocations, from the definition (independent of trace_rl.contrast)."""
+    """Σ V_root per row of allocations, from the definition (independent of trace_rl.core.contrast)."""
     v, m = np.asarray(v, dtype=np.float64), np.asarray(m)
     return np.where(m < 2, 0.0, 1.0 - v**m - (1.0 - v) ** m).sum(axis=-1)
 

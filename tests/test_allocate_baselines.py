@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from repo_files import load
 
-from trace_rl.allocate import knapsack_roots, pcl_roots, uniform_roots
+from trace_rl.core.baselines import knapsack_roots, pcl_roots, uniform_roots
 
 # ------------------------------------------------------------------ an independent reference
 

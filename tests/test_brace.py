@@ -1,4 +1,4 @@
-"""BRACE's rule (`trace_rl.mixing`, `BraceBank`, the `brace` method) against an independent write-up.
+"""BRACE's rule (`trace_rl.core.mixing`, `BraceBank`, the `brace` method) against an independent write-up.
 
 The write-up below computes the same quantities another way: the exchangeable Beta-Binomial's
 all-agree probability from Beta functions (not the coefficient recursion), its expectation under the
@@ -14,8 +14,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from trace_rl.methods import AllocationSettings, brace_stage1, get_method
-from trace_rl.mixing import (
+from trace_rl.core.mixing import (
     BraceConfig,
     agreement_coefficients,
     brace_groups,
@@ -23,8 +22,9 @@ from trace_rl.mixing import (
     group_mixing,
     point_mixing,
 )
+from trace_rl.core.tree import History, RolloutTree, write_jsonl
+from trace_rl.planning.methods import AllocationSettings, brace_stage1, get_method
 from trace_rl.predictor import BraceBank, PromptEvidence, bank_counts
-from trace_rl.tree import History, RolloutTree, write_jsonl
 
 # ---------------------------------------------------------------------- the independent write-up
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from repo_files import load
 
-from trace_rl.compare import CompareConfig, summarise, summary_table
-from trace_rl.rundir import RunDir
+from trace_rl.research.compare import CompareConfig, summarise, summary_table
+from trace_rl.train.rundir import RunDir
 
 
 def _run(folder, accuracies, *, tokens_per_step=100.0, ratio=0.5):
@@ -114,7 +114,7 @@ def test_one_seed_has_no_interval(tmp_path):
 
 
 def test_the_starting_policy_is_the_react_row_and_where_every_curve_starts(tmp_path):
-    from trace_rl.compare import write_start
+    from trace_rl.research.compare import write_start
 
     config = _config(["grpo", "trace"], [0, 1], steps=2)
     for seed, start in enumerate([0.30, 0.34]):
@@ -133,7 +133,7 @@ def test_the_starting_policy_is_the_react_row_and_where_every_curve_starts(tmp_p
 
 
 def test_no_warning_under_the_table_when_the_baseline_ends_above_the_start(tmp_path):
-    from trace_rl.compare import write_start
+    from trace_rl.research.compare import write_start
 
     config = _config(["grpo"], [0], steps=2)
     write_start(config.run, tmp_path / "react" / "seed_0", {"val/accuracy_sampled": 0.30, "val/accuracy_sampled_se": 0.01})
@@ -167,7 +167,7 @@ def test_exported_results_hold_the_runs_and_reproduce_the_summary_and_the_result
 
     import yaml
 
-    from trace_rl.compare import write_start
+    from trace_rl.research.compare import write_start
 
     results = load("scripts/results.py")
     runs, dest = tmp_path / "runs", tmp_path / "docs" / "results" / "toy"
@@ -198,7 +198,7 @@ def test_exported_results_hold_the_runs_and_reproduce_the_summary_and_the_result
 
 
 def test_a_variant_row_runs_its_method_with_its_overrides_into_its_own_folder(tmp_path):
-    from trace_rl.compare import run_compare
+    from trace_rl.research.compare import run_compare
 
     config = CompareConfig(
         methods=["trace", "trace_tokens"], seeds=[0], evaluate_start=False,
@@ -229,7 +229,7 @@ def test_a_variant_row_runs_its_method_with_its_overrides_into_its_own_folder(tm
     ],
 )
 def test_a_bad_variant_is_refused_naming_its_key(variants, methods, match):
-    from trace_rl.config import ConfigError
+    from trace_rl.infra.config import ConfigError
 
     with pytest.raises(ConfigError, match=match):
         CompareConfig(methods=methods, seeds=[0], variants=variants)
@@ -257,7 +257,7 @@ def test_the_difference_to_the_baseline_is_paired_by_seed_over_the_seeds_both_fi
 
 
 def test_the_95_percent_interval_uses_student_t_beyond_ten_degrees_of_freedom() -> None:
-    from trace_rl.compare import t975
+    from trace_rl.research.compare import t975
 
     # published t_0.975 quantiles (to 3 decimals) for 11, 12, 20, 30 and 120 degrees of freedom
     for dof, exact in ((11, 2.201), (12, 2.179), (20, 2.086), (30, 2.042), (120, 1.980)):
@@ -270,7 +270,7 @@ def test_the_95_percent_interval_uses_student_t_beyond_ten_degrees_of_freedom() 
 
 
 def test_warm_start_per_seed_gives_each_seed_its_own_starting_policy():
-    from trace_rl.compare import CompareConfig
+    from trace_rl.research.compare import CompareConfig
 
     shared = CompareConfig(methods=["grpo", "trace"], seeds=[3, 5])
     assert {shared.run_config(m, s).sft.seed for m in shared.methods for s in shared.seeds} == {0}

@@ -4,7 +4,7 @@ from typing import Literal
 
 import pytest
 
-from trace_rl.config import ConfigError, dump_yaml, load_config
+from trace_rl.infra.config import ConfigError, dump_yaml, load_config
 from trace_rl.models import PRESETS
 
 
@@ -67,10 +67,10 @@ def test_non_mapping_file_is_rejected(tmp_path):
 def test_shipped_configs_load(name):
     from pathlib import Path
 
-    from trace_rl.compare import CompareConfig
-    from trace_rl.run import RunConfig
-
     import yaml
+
+    from trace_rl.research.compare import CompareConfig
+    from trace_rl.run import RunConfig
 
     path = Path(__file__).resolve().parents[1] / "configs" / f"{name}.yaml"
     is_compare = "methods" in yaml.safe_load(path.read_text())  # a comparison's config names its methods
@@ -156,7 +156,7 @@ def test_engine_settings_moved_from_model_still_load_with_a_warning():
     """A config or run folder written before the `engine` section existed reads its keys there."""
     import warnings
 
-    from trace_rl.config import from_dict
+    from trace_rl.infra.config import from_dict
     from trace_rl.run import RunConfig
 
     old = {"model": {"name": "tiny", "engine": "hf", "max_batch_size": 8, "prefix_cache_mb": 0.0}}

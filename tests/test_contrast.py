@@ -5,7 +5,7 @@ from decimal import Decimal, localcontext
 import numpy as np
 import pytest
 
-from trace_rl.contrast import prefix_gain, prefix_value, root_gain, root_value
+from trace_rl.core.contrast import prefix_gain, prefix_value, root_gain, root_value
 
 V = np.array([0.0, 1e-9, 0.01, 0.2, 0.3, 0.5, 0.7, 0.99, 1.0])
 M = np.arange(0, 60)

@@ -18,7 +18,15 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from trace_rl.engine.base import SamplingParams  # noqa: E402
 from trace_rl.engine.decoder import Decoder  # noqa: E402
 from trace_rl.engine.hf import HFEngine, buffered_cache, resolve_precision  # noqa: E402
-from trace_rl.models import LoraSpec, Policy, TinyConfig, _add_lora, load_policy, native_bf16, score_batch  # noqa: E402
+from trace_rl.models import (  # noqa: E402
+    LoraSpec,
+    Policy,
+    TinyConfig,
+    load_policy,
+    native_bf16,
+    score_batch,
+)
+from trace_rl.models.policy import _add_lora  # noqa: E402
 
 TEXTS = ["Question: Which river flows through Paris? <search> river Paris </search>", "<answer> Seine </answer>"] * 4
 BF16 = any(native_bf16().values())

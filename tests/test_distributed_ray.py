@@ -1,4 +1,4 @@
-"""Ray rollout workers (`trace_rl.distributed`, extra `ray`, `make test-ray`): the collector plans here,
+"""Ray rollout workers (`trace_rl.rollout`, extra `ray`, `make test-ray`): the collector plans here,
 actors execute, and the trees are the local collector's, token for token; the actors sample the
 weights the main process's engine was last given."""
 
@@ -20,14 +20,19 @@ torch = pytest.importorskip("torch")
 import scripted_engine
 from scripted_engine import FixedValues, KeyedScriptedEngine, ScriptedEngine, make_world
 
-from trace_rl.distributed.ray_rollout import RayExecutor
-from trace_rl.distributed.split import partition
+from trace_rl.core.tree import RolloutTree, read_jsonl
 from trace_rl.engine.hf import HFEngine
 from trace_rl.models import LoraSpec, TinyConfig, load_policy
-from trace_rl.plan import Request
+from trace_rl.planning.planner import Request
 from trace_rl.predictor.hashed import HashedNgramPredictor
-from trace_rl.rollout import Batch, RolloutConfig, RolloutRunner, TreeRolloutCollector
-from trace_rl.tree import RolloutTree, read_jsonl
+from trace_rl.rollout.collector import (
+    Batch,
+    RolloutConfig,
+    RolloutRunner,
+    TreeRolloutCollector,
+)
+from trace_rl.rollout.ray_workers import RayExecutor
+from trace_rl.rollout.split import partition
 
 pytestmark = pytest.mark.ray
 
@@ -206,7 +211,7 @@ def test_the_runtime_env_ships_the_trace_rl_package_to_the_actors(tmp_path):
     that RayExecutor starts import trace_rl from the copy Ray shipped, not from a path on their node."""
     script = (
         "import ray\n"
-        "from trace_rl.distributed.ray_rollout import runtime_env\n"
+        "from trace_rl.rollout.ray_workers import runtime_env\n"
         "ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, runtime_env=runtime_env())\n"
         "where = ray.remote(lambda: __import__('trace_rl').__file__)\n"
         "print(ray.get(where.remote()))\n"

@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 import pytest
 from repo_files import REPO, load
 
-from trace_rl.advantage import ESTIMATORS
 from trace_rl.cli import build_parser
-from trace_rl.compare import CompareConfig
-from trace_rl.methods import METHODS
-from trace_rl.metrics import tree_metrics
+from trace_rl.core.advantage import ESTIMATORS
+from trace_rl.core.tree import RolloutTree
+from trace_rl.planning.methods import METHODS
+from trace_rl.planning.metrics import tree_metrics
+from trace_rl.research.compare import CompareConfig
 from trace_rl.run import RunConfig
-from trace_rl.tree import RolloutTree
 
 PAGES = REPO / "docs" / "reference"
 

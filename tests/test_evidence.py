@@ -1,15 +1,21 @@
-"""Stage 2's evidence posterior (`trace_rl.evidence`): worked by hand, fitted, wired into the collector."""
+"""Stage 2's evidence posterior (`trace_rl.planning.evidence`): worked by hand, fitted, wired into the collector."""
 
 import numpy as np
 import pytest
 from scripted_engine import FixedValues, ScriptedEngine, make_world
 
-from trace_rl.config import FieldError
-from trace_rl.evidence import Evidence, Stage2Evidence, bare_evidence, fit, posterior
-from trace_rl.methods import get_method
-from trace_rl.plan import Estimates, Planner, prefix_candidates
-from trace_rl.rollout import RolloutConfig, TreeRolloutCollector
-from trace_rl.tree import RolloutTree
+from trace_rl.core.tree import RolloutTree
+from trace_rl.infra.config import FieldError
+from trace_rl.planning.evidence import (
+    Evidence,
+    Stage2Evidence,
+    bare_evidence,
+    fit,
+    posterior,
+)
+from trace_rl.planning.methods import get_method
+from trace_rl.planning.planner import Estimates, Planner, prefix_candidates
+from trace_rl.rollout.collector import RolloutConfig, TreeRolloutCollector
 
 
 @pytest.fixture(scope="module")

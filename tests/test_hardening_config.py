@@ -23,9 +23,9 @@ from typing import Any, Literal
 import pytest
 
 from trace_rl import cli
-from trace_rl.compare import CompareConfig
-from trace_rl.config import ConfigError, FieldError, load_config
-from trace_rl.rollout import RolloutConfig
+from trace_rl.infra.config import ConfigError, FieldError, load_config
+from trace_rl.research.compare import CompareConfig
+from trace_rl.rollout.collector import RolloutConfig
 from trace_rl.run import RunConfig
 from trace_rl.train.sft import SFTConfig
 from trace_rl.train.trainer import TrainConfig
@@ -223,8 +223,8 @@ def test_every_field_has_bad_values_or_a_reason_to_have_none():
 @pytest.fixture
 def no_work(monkeypatch):
     """Any task, model or warm-start load fails the test: a bad value must be refused before them."""
-    import trace_rl.compare
     import trace_rl.models
+    import trace_rl.research.compare
     import trace_rl.run
 
     def forbidden(*args, **kwargs):
@@ -232,7 +232,7 @@ def no_work(monkeypatch):
 
     for module, name in [(trace_rl.run, "load_taskset"), (trace_rl.run, "warm_start"), (trace_rl.run, "build_parts"),
                          (trace_rl.run, "policy_source"), (trace_rl.run, "train_run"), (trace_rl.models, "load_policy"),
-                         (trace_rl.compare, "run_compare")]:
+                         (trace_rl.research.compare, "run_compare")]:
         monkeypatch.setattr(module, name, forbidden)
 
 
@@ -297,7 +297,7 @@ class _WordTokenizer:
 
 def test_a_context_too_short_for_the_longest_prompt_and_two_turns_is_refused_once_the_tokenizer_is_known():
     from trace_rl.agent.tasks import load_taskset
-    from trace_rl.rollout import encode_prompt
+    from trace_rl.rollout.collector import encode_prompt
     from trace_rl.run import build_env, check_context_room
 
     config = load_config(RunConfig, SMOKE)

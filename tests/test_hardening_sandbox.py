@@ -16,7 +16,7 @@ import pytest
 from trace_rl.agent import sandbox
 from trace_rl.agent.sandbox import SandboxUnavailable
 from trace_rl.cli import main
-from trace_rl.config import ConfigError, load_config
+from trace_rl.infra.config import ConfigError, load_config
 from trace_rl.run import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]

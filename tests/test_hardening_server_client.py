@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from trace_rl.config import ConfigError, load_config
 from trace_rl.engine import EngineError, OpenAIEngine, SamplingParams
+from trace_rl.infra.config import ConfigError, load_config
 from trace_rl.run import RunConfig
 
 VOCAB = 50

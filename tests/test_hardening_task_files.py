@@ -362,7 +362,7 @@ def test_the_train_file_as_its_own_test_file_is_refused(tmp_path):
 def test_the_test_options_are_task_options_and_reach_the_loader_from_a_run_config(tmp_path):
     assert {"test_file", "test_share", "test_on_train"} <= set(option_names("file:x.jsonl"))
     assert "seed" not in option_names("file:x.jsonl")
-    from trace_rl.config import ConfigError, TaskConfig
+    from trace_rl.infra.config import ConfigError, TaskConfig
     from trace_rl.run import load_tasks
 
     path = jsonl(tmp_path / "train.jsonl", [gsm(f"q{i}", f"#### {i}") for i in range(10)])

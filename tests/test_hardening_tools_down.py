@@ -17,10 +17,10 @@ from trace_rl.agent.env import ToolEnv
 from trace_rl.agent.protocol import get_format
 from trace_rl.agent.tasks import load_taskset
 from trace_rl.agent.tools.retrieval_server import RetrievalServer
-from trace_rl.config import ConfigError, TaskConfig
-from trace_rl.metrics import rollout_metrics, tool_metrics
+from trace_rl.core.tree import RolloutTree
+from trace_rl.infra.config import ConfigError, TaskConfig
+from trace_rl.planning.metrics import rollout_metrics, tool_metrics
 from trace_rl.run import check_search_server
-from trace_rl.tree import RolloutTree
 
 REPO = Path(__file__).resolve().parents[1]
 DEAD = "http://127.0.0.1:9/retrieve"

@@ -14,7 +14,7 @@ import math
 import pytest
 from test_hardening_config import SMOKE, trace_rl
 
-from trace_rl.config import ConfigError, load_config
+from trace_rl.infra.config import ConfigError, load_config
 from trace_rl.run import RunConfig
 
 

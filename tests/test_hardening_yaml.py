@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trace_rl.config import (
+from trace_rl.infra.config import (
     MAX_CONFIG_BYTES,
     MAX_FREEFORM_DEPTH,
     MAX_FREEFORM_NODES,
@@ -324,7 +324,7 @@ def test_a_reasoning_gym_task_s_tools_are_checked_and_cannot_be_null():
 
 
 def test_a_comparison_names_the_run_s_bad_tool_under_run(task_file):
-    from trace_rl.compare import CompareConfig
+    from trace_rl.research.compare import CompareConfig
 
     with pytest.raises(FieldError, match=r"^run.task.options.tools\[0\] must be one of search, calculator, python or a module:function of your own, got 'nope'"):
         load_config(CompareConfig, ROOT / "configs" / "compare.yaml", ["run." + task_file, "run.task.options={tools: [nope]}"])

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from trace_rl.allocate import knapsack_roots
+from trace_rl.core.baselines import knapsack_roots
+from trace_rl.core.tree import History, Turn
 from trace_rl.predictor import SuccessPredictor
 from trace_rl.predictor.history import PromptHistoryPredictor
-from trace_rl.tree import History, Turn
 
 
 def root(task: str) -> History:

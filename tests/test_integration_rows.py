@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from trace_rl.advantage import get_estimator
+from trace_rl.core.advantage import get_estimator
+from trace_rl.core.tree import RolloutTree
 from trace_rl.integrations.rows import ADVANTAGES, LEAF, REWARD, tree_rows
-from trace_rl.tree import RolloutTree
 
 
 def test_tree_rows_train_a_shared_prefix_in_the_first_row_only_and_mask_observations():

@@ -17,14 +17,20 @@ pytest.importorskip("trl")
 
 from scripted_engine import ScriptedEngine, coin_flip_answers
 
-from trace_rl.advantage import get_estimator
 from trace_rl.agent.tasks import load_taskset
-from trace_rl.config import FieldError, load_config
+from trace_rl.core.advantage import get_estimator
 from trace_rl.engine.hf import HFEngine
-from trace_rl.integrations.trl import ADVANTAGES, REWARD, TraceGRPOTrainer, TraceRollout, grpo_config
+from trace_rl.infra.config import FieldError, load_config
+from trace_rl.integrations.trl import (
+    ADVANTAGES,
+    REWARD,
+    TraceGRPOTrainer,
+    TraceRollout,
+    grpo_config,
+)
 from trace_rl.models import TinyConfig, load_policy
 from trace_rl.predictor.base import backup_targets
-from trace_rl.rollout import TreeRolloutCollector
+from trace_rl.rollout.collector import TreeRolloutCollector
 from trace_rl.run import Parts, RunConfig, build_env, build_predictor
 from trace_rl.train.sequences import loss_denominator, tree_sequences
 

@@ -23,8 +23,8 @@ torch = pytest.importorskip("torch")
 
 import scripted_engine
 from omegaconf import OmegaConf
-from tensordict import TensorDict
 from scripted_engine import KeyedScriptedEngine, coin_flip_answers, make_world
+from tensordict import TensorDict
 from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 from verl.utils import tensordict_utils as tu
@@ -33,10 +33,11 @@ from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 from verl.workers.rollout.router import GlobalRequestLoadBalancer
 
-from trace_rl.advantage import get_estimator
-from trace_rl.config import ConfigError
+from trace_rl.core.advantage import get_estimator
+from trace_rl.core.tree import RolloutTree
 from trace_rl.engine.base import SamplingParams
 from trace_rl.engine.hf import HFEngine
+from trace_rl.infra.config import ConfigError
 from trace_rl.integrations.rows import ADVANTAGES
 from trace_rl.integrations.verl.data import write_parquet
 from trace_rl.integrations.verl.engine import LLMServerEngine
@@ -45,8 +46,7 @@ from trace_rl.integrations.verl.trainer import TracePPOTrainer
 from trace_rl.models import TinyConfig, load_policy, token_logprobs
 from trace_rl.predictor.base import backup_targets
 from trace_rl.run import RunConfig
-from trace_rl.rundir import RunDir
-from trace_rl.tree import RolloutTree
+from trace_rl.train.rundir import RunDir
 
 pytestmark = pytest.mark.verl
 
@@ -450,7 +450,7 @@ def test_the_manager_refuses_a_budget_other_than_verls_rows(run_yaml, world):
     too_short.data.max_prompt_length, too_short.data.max_response_length = 512, 512
     with pytest.raises(ConfigError, match="max_context_tokens=.* exceeds verl's"):
         TraceAgentLoopManager(too_short, llm_client=None, tokenizer=world[2])
-    with pytest.raises(ConfigError, match="trace_rl.config is not set"):
+    with pytest.raises(ConfigError, match="trace_rl.infra.config is not set"):
         TraceAgentLoopManager(OmegaConf.create({"data": {}}), llm_client=None, tokenizer=world[2])
 
 
@@ -460,7 +460,7 @@ def test_the_gpu_recipe_composes_into_verls_config_and_agrees_with_its_trace_rl_
     from hydra import compose, initialize_config_dir
     from verl.utils.config import omega_conf_to_dataclass
 
-    from trace_rl.config import load_config
+    from trace_rl.infra.config import load_config
     from trace_rl.integrations.verl.manager import check_verl_config
 
     lines = (REPO / "configs/gpu/verl_qwen3_8b.overrides").read_text().splitlines()
@@ -468,7 +468,7 @@ def test_the_gpu_recipe_composes_into_verls_config_and_agrees_with_its_trace_rl_
     recipe = REPO / "configs/gpu/qwen3_8b_search.yaml"
     with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
         config = compose(config_name="ppo_trainer", overrides=[*overrides, "data.train_files=t.parquet", "data.val_files=v.parquet",
-                                                              f"+trace_rl.config={recipe}", "+trace_rl.overrides=['task.name=multihop']"])
+                                                              f"+trace_rl.infra.config={recipe}", "+trace_rl.overrides=['task.name=multihop']"])
     run = load_config(RunConfig, recipe, ["task.name=multihop", "task.options={}"])  # the recipe's file: task needs Search-R1's data
     check_verl_config(config, run)
     assert config.trainer.use_v1 and config.trainer.v1.trainer_mode == "trace"

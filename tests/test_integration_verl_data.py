@@ -5,7 +5,7 @@ import json
 import pytest
 
 from trace_rl.agent.types import Task
-from trace_rl.config import ConfigError, load_config
+from trace_rl.infra.config import ConfigError, load_config
 from trace_rl.integrations.verl.data import task_rows
 from trace_rl.integrations.verl.manager import TASK_KEY
 from trace_rl.run import RunConfig, load_tasks, task_splits
@@ -71,7 +71,7 @@ def test_verl_train_and_test_rows_of_a_file_task_share_no_question(tmp_path):
 
 
 def test_the_qwen3_search_recipe_validates_on_its_own_test_file():
-    from trace_rl.config import load_yaml_file
+    from trace_rl.infra.config import load_yaml_file
 
     options = load_yaml_file("configs/gpu/qwen3_8b_search.yaml")["task"]["options"]
     assert options["test_file"] != load_yaml_file("configs/gpu/qwen3_8b_search.yaml")["task"]["name"].removeprefix("file:")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trace_rl.methods import METHODS, MethodName, get_method
+from trace_rl.planning.methods import METHODS, MethodName, get_method
 
 REPO = Path(__file__).resolve().parents[1]
 NAMES = ("grpo", "prompt_only", "knapsack", "pcl", "random_tree", "dapo", "brace", "trace_stage1", "trace_stage2", "trace")

@@ -1,4 +1,4 @@
-"""Every name a run logs in its metrics.jsonl has a definition in `trace_rl.metrics.DEFINITIONS` (what
+"""Every name a run logs in its metrics.jsonl has a definition in `trace_rl.planning.metrics.DEFINITIONS` (what
 docs/reference/metrics.md renders), and every definition names a metric the code still computes."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from test_train import scripted_parts, small_config
 
-from trace_rl.metrics import DEFINITIONS, definition
+from trace_rl.planning.metrics import DEFINITIONS, definition
 from trace_rl.run import build_trainer
-from trace_rl.rundir import read_metrics
+from trace_rl.train.rundir import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src" / "trace_rl"
@@ -46,7 +46,7 @@ def test_every_key_a_tiny_run_logs_has_a_definition(tmp_path, method):
         assert "brace/concentration" in keys
     if method == "trace":
         assert "stage2/continuations" in keys or "rollout/stage2_to_roots" in keys
-    assert not undefined(keys), f"logged without a definition in trace_rl.metrics.DEFINITIONS: {undefined(keys)}"
+    assert not undefined(keys), f"logged without a definition in trace_rl.planning.metrics.DEFINITIONS: {undefined(keys)}"
 
 
 @pytest.mark.parametrize("path", COMMITTED)
@@ -88,4 +88,4 @@ def test_every_definition_names_a_key_the_code_still_writes():
             found = re.search(rf"[\"']{re.escape(key)}[\"']", source)
         if not found:
             stale.append(key)
-    assert not stale, f"defined in trace_rl.metrics.DEFINITIONS but written nowhere under src/trace_rl: {stale}"
+    assert not stale, f"defined in trace_rl.planning.metrics.DEFINITIONS but written nowhere under src/trace_rl: {stale}"

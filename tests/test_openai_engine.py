@@ -301,7 +301,7 @@ def test_an_sglang_weight_push_loads_from_disk_and_flushes_the_cache(server: Fak
 
 
 def test_without_weight_sync_an_update_is_refused_and_training_with_a_server_is_refused_before_work() -> None:
-    from trace_rl.config import ConfigError
+    from trace_rl.infra.config import ConfigError
     from trace_rl.run import RunConfig, check_trainable
 
     engine = OpenAIEngine("http://127.0.0.1:9", model="m")

@@ -9,8 +9,9 @@ import pytest
 import torch
 from test_policy_update import small_llama, update_trainer
 
-from trace_rl.advantage import NodeAdvantages, get_estimator
-from trace_rl.models import TreeAttentionUnsupported, packed_token_logprobs, supports_packed, token_logprobs
+from trace_rl.core.advantage import NodeAdvantages, get_estimator
+from trace_rl.core.tree import RolloutTree
+from trace_rl.models import token_logprobs
 from trace_rl.train.sequences import (
     in_loss,
     loss_denominator,
@@ -21,7 +22,11 @@ from trace_rl.train.sequences import (
     tree_groups,
     tree_sequences,
 )
-from trace_rl.tree import RolloutTree
+from trace_rl.train.tree_attention import (
+    TreeAttentionUnsupported,
+    packed_token_logprobs,
+    supports_packed,
+)
 
 VOCAB = 96
 

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from trace_rl.advantage import NodeAdvantages, get_estimator
+from trace_rl.core.advantage import NodeAdvantages, get_estimator
+from trace_rl.core.tree import RolloutTree
 from trace_rl.train.loss import policy_loss
 from trace_rl.train.sequences import pad_batch, tree_sequences
-from trace_rl.tree import RolloutTree
 
 
 def branched_tree() -> RolloutTree:
@@ -125,8 +125,8 @@ def update_trainer(model, run_dir, *, update: str, kl_coef: float = 0.0, max_con
     step over all the data unless told otherwise)."""
     from types import SimpleNamespace
 
-    from trace_rl.methods import get_method
-    from trace_rl.rollout import RolloutConfig
+    from trace_rl.planning.methods import get_method
+    from trace_rl.rollout.collector import RolloutConfig
     from trace_rl.train.trainer import TrainConfig, Trainer, TrainingSetup
 
     options = {"mini_batches": 1, "epochs": 1, "grad_clip": 1e9, "lr": 1e-3, "precision": "fp32", **train}

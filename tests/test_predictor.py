@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from repo_files import load
 
+from trace_rl.core.tree import History, RolloutTree, Turn
 from trace_rl.predictor import (
     HashedNgramPredictor,
     PredictorAdvanced,
@@ -20,9 +21,13 @@ from trace_rl.predictor import (
     natural_backup,
     rollout_starts,
 )
-from trace_rl.predictor.hashed import _calibration_helps, _cross_entropy, _fit_calibration, _fit_platt
-from trace_rl.sim import LatentTreeSimulator
-from trace_rl.tree import History, RolloutTree, Turn
+from trace_rl.predictor.hashed import (
+    _calibration_helps,
+    _cross_entropy,
+    _fit_calibration,
+    _fit_platt,
+)
+from trace_rl.research.sim import LatentTreeSimulator
 
 
 def _toy(count: int, seed: int) -> tuple[list[History], np.ndarray]:
@@ -303,8 +308,8 @@ def test_the_replay_benchmark_scores_each_step_before_learning_from_it(tmp_path)
     """experiments/predictor_replay.py on a small recorded run: every row is scored on a step's rollouts
     before it learns from them, so at the first step the learned rows answer 0.5 everywhere."""
 
-    from trace_rl.metrics import allocator_outcomes
-    from trace_rl.tree import write_jsonl
+    from trace_rl.core.tree import write_jsonl
+    from trace_rl.planning.metrics import allocator_outcomes
 
     replay = load("experiments/predictor_replay.py")
     sim, rng = LatentTreeSimulator(seed=0), np.random.default_rng(0)
@@ -522,7 +527,7 @@ def test_the_propositions_benchmark_counts_fresh_draws_per_valued_node_and_score
 
     import yaml
 
-    from trace_rl.tree import write_jsonl
+    from trace_rl.core.tree import write_jsonl
 
     bench = load("experiments/propositions.py")
     sim, rng = LatentTreeSimulator(seed=0), np.random.default_rng(0)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from repo_files import load
 
+from trace_rl.core.tree import History
 from trace_rl.predictor import GuardedPredictor, PredictorConfig, build_predictor
 from trace_rl.predictor.guard import brier_shrinkage
-from trace_rl.tree import History
 
 
 class Fixed:

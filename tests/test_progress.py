@@ -6,7 +6,7 @@ def test_progress_off_a_terminal_is_plain_lines_with_rate_and_eta():
 
     from rich.progress import Progress
 
-    from trace_rl.progress import Bars
+    from trace_rl.infra.progress import Bars
 
     log = io.StringIO()
     with Progress(disable=True) as progress:
@@ -24,7 +24,7 @@ def test_a_log_line_right_after_a_task_starts_states_no_rate_or_eta():
 
     from rich.progress import Progress
 
-    from trace_rl.progress import Bars
+    from trace_rl.infra.progress import Bars
 
     log = io.StringIO()
     with Progress(disable=True) as progress:
@@ -39,7 +39,7 @@ def test_a_resumed_warm_start_counts_its_rate_from_the_step_it_resumed_at():
 
     from rich.progress import Progress
 
-    from trace_rl.progress import Bars, warm_start_progress
+    from trace_rl.infra.progress import Bars, warm_start_progress
 
     log = io.StringIO()
     with Progress(disable=True) as progress:
@@ -68,7 +68,7 @@ def test_a_long_phase_inside_a_step_is_said_beside_the_bar_and_in_the_log(tmp_pa
     from rich.progress import Progress
     from test_train import scripted_parts, small_config
 
-    from trace_rl.progress import Bars
+    from trace_rl.infra.progress import Bars
     from trace_rl.run import build_trainer
 
     log = io.StringIO()

@@ -18,8 +18,8 @@ from trace_rl.agent.protocol import get_format
 from trace_rl.agent.tasks import load_taskset
 from trace_rl.agent.tasks.loaders import TaskFileError
 from trace_rl.agent.tasks.records import replay
-from trace_rl.config import ConfigError, FieldError, load_config
-from trace_rl.references import BadReference, is_reference, reference_of, resolve
+from trace_rl.infra.config import ConfigError, FieldError, load_config
+from trace_rl.infra.references import BadReference, is_reference, reference_of, resolve
 from trace_rl.run import RunConfig, check_trainable
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,7 +38,10 @@ def half_credit(task: trace_rl.Task, answer: str) -> float:
 
 
 def test_the_names_users_and_peers_rely_on_are_importable_from_trace_rl():
-    from trace_rl import advantage, agent, allocate, methods
+    from trace_rl import agent
+    from trace_rl.core import advantage
+    from trace_rl.core import solvers as allocate
+    from trace_rl.planning import methods
 
     assert trace_rl.allocate_roots is allocate.allocate_roots and trace_rl.expand_prefixes is allocate.expand_prefixes
     assert trace_rl.ESTIMATORS is advantage.ESTIMATORS and trace_rl.METHODS is methods.METHODS
@@ -79,7 +82,7 @@ def test_rows_from_a_file_and_a_replayed_demonstration(tmp_path):
 
 
 def test_references_name_modules_and_files_and_fail_in_one_line(tmp_path):
-    assert resolve("trace_rl.allocate:allocate_roots", "x") is trace_rl.allocate_roots
+    assert resolve("trace_rl.core.solvers:allocate_roots", "x") is trace_rl.allocate_roots
     assert resolve(f"{EXAMPLE}:price", "tool")("pear") == "5"
     assert reference_of(half_credit, "scorer") == "test_public_api:half_credit"
     with pytest.raises(BadReference, match="has no attribute 'shpo'; did you mean 'shop'"):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from trace_rl.core.tree import RolloutTree
 from trace_rl.predictor.baselines import ReferencePredictors
-from trace_rl.tree import RolloutTree
 
 
 def _tree(task_id: str, rewards: list[float], predicted: float = 0.5) -> RolloutTree:
@@ -40,7 +40,7 @@ def test_only_rollouts_started_where_an_estimate_was_made_are_scored_and_state_r
 
 
 def test_the_census_also_judges_every_prefix_estimate_against_the_rollouts_through_it():
-    from trace_rl.metrics import predictor_metrics, scored_estimates
+    from trace_rl.planning.metrics import predictor_metrics, scored_estimates
 
     tree = RolloutTree.new("a", "question a")
     tree.root.predicted = 0.5
@@ -60,7 +60,7 @@ def test_the_census_also_judges_every_prefix_estimate_against_the_rollouts_throu
 def test_the_step_brier_carries_a_standard_error_over_prompts_worked_by_hand():
     import numpy as np
 
-    from trace_rl.metrics import brier_standard_error, predictor_metrics
+    from trace_rl.planning.metrics import brier_standard_error, predictor_metrics
 
     # errors (p - y)^2: prompt a 0.25, 0.25; prompt b 0.04, 0.04, 0.64; Brier 1.22 / 5 = 0.244
     figures = predictor_metrics([_tree("a", [1.0, 1.0], predicted=0.5), _tree("b", [0.0, 0.0, 1.0], predicted=0.2)])

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from trace_rl.core.tree import RolloutTree, read_jsonl, write_jsonl
 from trace_rl.report import (
     ViewerLimits,
     build_report,
@@ -21,7 +22,6 @@ from trace_rl.report import (
     write_viewer,
 )
 from trace_rl.report.viewer import embed_json
-from trace_rl.tree import RolloutTree, read_jsonl, write_jsonl
 
 EVIL = "</script><script>alert(1)</script>"
 EVIL_OBSERVATION = "<img src=x onerror=alert(2)> <!-- & \u2028 </SCRIPT >"
@@ -226,9 +226,9 @@ def test_a_panels_title_says_what_its_bars_are_the_interval_of() -> None:
 
 
 def test_a_packed_comparison_reads_and_plots_as_the_plain_one(tmp_path: Path) -> None:
-    """A committed result keeps its run logs in `runs.tar.xz` (`trace_rl.rundir.pack_runs`): the same
+    """A committed result keeps its run logs in `runs.tar.xz` (`trace_rl.train.rundir.pack_runs`): the same
     runs, rows and report as before packing."""
-    from trace_rl.rundir import pack_runs
+    from trace_rl.train.rundir import pack_runs
 
     folder = write_comparison(tmp_path / "cmp")
     runs = find_runs(folder)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from repo_files import load
 
-from trace_rl.rundir import code_version
-from trace_rl.tree import RolloutTree, write_jsonl
+from trace_rl.core.tree import RolloutTree, write_jsonl
+from trace_rl.train.rundir import code_version
 
 REPO = Path(__file__).resolve().parents[1]
 results = load("scripts/results.py")
@@ -50,7 +50,7 @@ def test_reproduce_reruns_a_run_with_its_own_code_and_finds_its_numbers(tmp_path
 
 
 def test_reproduce_refuses_a_run_made_from_uncommitted_changes(tmp_path: Path) -> None:
-    from trace_rl.rundir import pack_runs
+    from trace_rl.train.rundir import pack_runs
 
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "critic/score/mean": 0.5}) + "\n")
     (tmp_path / "config.yaml").write_text("train:\n  eval_every: 0\n")
@@ -69,7 +69,7 @@ def test_export_again_from_the_results_folders_own_config(tmp_path: Path) -> Non
     """Re-exporting a comparison that grew (a run finished) names the exported compare.yaml as its
     config, and re-summarising an exported folder names it as the runs too: copying a file onto
     itself must not fail."""
-    from trace_rl.rundir import RunDir
+    from trace_rl.train.rundir import RunDir
 
     runs, dest = tmp_path / "runs", tmp_path / "results"
     for seed in (0, 1):
@@ -85,7 +85,9 @@ def test_export_again_from_the_results_folders_own_config(tmp_path: Path) -> Non
         "command.txt", "compare.yaml", "runs.tar.xz", "summary.json", "summary.md"]  # (these runs have no config.yaml)
     assert results.read_metrics(dest / "grpo" / "seed_1" / "metrics.jsonl") == results.read_metrics(runs / "grpo" / "seed_1" / "metrics.jsonl")
     plots = {p.name: p.read_bytes() for p in (dest / "plots").glob("*.png")}
-    from PIL import Image  # the report extra; the TRL, Ray and verl venvs collect this file without it
+    from PIL import (
+        Image,  # the report extra; the TRL, Ray and verl venvs collect this file without it
+    )
 
     assert plots and all(Image.open(dest / "plots" / name).mode == "P" for name in plots)  # 256 colours
     summary = results.export(runs, dest, dest / "compare.yaml")
@@ -189,8 +191,8 @@ COMMITTED = sorted(p.parent for p in (REPO / "docs" / "results").glob("*/summary
 def test_a_committed_result_summarises_from_its_packed_runs_to_its_summary_json(folder: Path) -> None:
     """Every number of docs/results/<name>/summary.json, recomputed from the run logs in its runs.tar.xz
     (the config block aside: it echoes today's config fields, added since)."""
-    from trace_rl.compare import CompareConfig, summarise
-    from trace_rl.config import load_config
+    from trace_rl.infra.config import load_config
+    from trace_rl.research.compare import CompareConfig, summarise
 
     summary = json.loads(json.dumps(summarise(folder, load_config(CompareConfig, folder / "compare.yaml"))))
     committed = json.loads((folder / "summary.json").read_text())

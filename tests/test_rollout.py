@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 from scripted_engine import FixedValues, KeyedScriptedEngine, ScriptedEngine, make_world
 
-from trace_rl.methods import METHODS, get_method
-from trace_rl.plan import Estimates, Planner, prefix_candidates
+from trace_rl.core.tree import read_jsonl, write_jsonl
+from trace_rl.planning.methods import METHODS, get_method
+from trace_rl.planning.planner import Estimates, Planner, prefix_candidates
 from trace_rl.predictor import PredictorConfig, build_predictor
 from trace_rl.predictor.hashed import HashedNgramPredictor
-from trace_rl.rollout import RolloutConfig, TreeRolloutCollector
-from trace_rl.tree import read_jsonl, write_jsonl
+from trace_rl.rollout.collector import RolloutConfig, TreeRolloutCollector
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def test_every_turn_records_where_its_rollout_started(world):
 
 def _bare(tree):
     """A copy of `tree` with only its bare rollouts (those begun at the root) and no allocation marks."""
-    from trace_rl.tree import RolloutTree
+    from trace_rl.core.tree import RolloutTree
 
     data = tree.to_dict()
     keep = [n for n in data["nodes"] if n["id"] == 0 or n["rollout_start"] == 0]
@@ -138,10 +138,10 @@ def _bare(tree):
 
 
 def test_the_collector_and_the_benchmark_plan_the_same_from_the_same_predictions(world):
-    """One planner (`trace_rl.plan.Planner`) for training and the benchmark: replaying the collector's
+    """One planner (`trace_rl.planning.planner.Planner`) for training and the benchmark: replaying the collector's
     planner and the benchmark's planner of the same method on the bare rollouts and the predictions the
     collector recorded both give the collector's allocation."""
-    from trace_rl.bench import BenchConfig, planner_for
+    from trace_rl.research.bench import BenchConfig, planner_for
 
     taskset, env, tokenizer, turns = world
     for method in ("trace", "trace_stage2", "trace_stage1", "pcl"):  # the deterministic allocators
@@ -188,7 +188,7 @@ def test_per_tree_collection_gives_every_tree_its_own_budget_planned_on_its_own_
 def test_stage2_objective_prompt_spends_stage_2_where_a_prompt_can_still_turn_mixed(world):
     """`rollout.stage2_objective: prompt`: the collector's Stage 2 is `expand_for_prompts` on each
     prefix's prompt and on whether that prompt's bare rollouts already mixed."""
-    from trace_rl.allocate import expand_for_prompts
+    from trace_rl.core.solvers import expand_for_prompts
 
     taskset, env, tokenizer, turns = world
     config = RolloutConfig(method="trace", budget=40, stage1_share=0.5, max_new_tokens=32, stage2_objective="prompt")
@@ -216,7 +216,7 @@ def untimed(trees) -> list[dict]:
 
 class SplitRunner:
     """An `Executor` that splits each execution among `workers` runners as the Ray backend does
-    (`trace_rl.distributed.split`), in this process: no Ray needed to pin down its seeding."""
+    (`trace_rl.rollout.split`), in this process: no Ray needed to pin down its seeding."""
 
     def __init__(self, runners):
         self.runners = runners
@@ -224,7 +224,7 @@ class SplitRunner:
     def run(self, batch, requests, *, seed, temperature=None):
         from collections import defaultdict
 
-        from trace_rl.distributed.split import merge, part_of, partition
+        from trace_rl.rollout.split import merge, part_of, partition
 
         slowest = defaultdict(float)
         for runner, trees in zip(self.runners, partition(batch, requests, len(self.runners))):
@@ -242,7 +242,7 @@ def test_a_batch_split_among_workers_grows_the_trees_a_whole_one_does(world):
     """Engine-call seeds derive from the execution's seed and the call's phase, never from which trees
     share a call (`rollout.call_seed`): with an engine keyed as the `hf` engine is, three workers given
     parts of the batch grow exactly the trees one runner grows, and the collector's RNG ends equal."""
-    from trace_rl.rollout import RolloutRunner
+    from trace_rl.rollout.collector import RolloutRunner
 
     taskset, env, tokenizer, turns = world
     config = RolloutConfig(method="trace", budget=40, stage1_share=0.5, max_new_tokens=32)
@@ -282,7 +282,7 @@ def test_with_the_prefix_cache_a_batch_prefills_little_more_than_its_prompts_and
 
 
 def test_sample_keeps_at_most_a_wave_of_rollouts_in_flight_and_returns_one_tree_per_task(world, monkeypatch):
-    import trace_rl.rollout as rollout
+    import trace_rl.rollout.collector as rollout
 
     taskset, env, tokenizer, turns = world
     monkeypatch.setattr(rollout, "SAMPLE_WAVE", 6)

@@ -23,7 +23,13 @@ from pathlib import Path
 import pytest
 
 from trace_rl.agent import sandbox
-from trace_rl.agent.sandbox import ISOLATIONS, ExecResult, SandboxUnavailable, isolation_problem, run_python
+from trace_rl.agent.sandbox import (
+    ISOLATIONS,
+    ExecResult,
+    SandboxUnavailable,
+    isolation_problem,
+    run_python,
+)
 
 pytestmark = pytest.mark.timeout(60)
 

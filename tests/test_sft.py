@@ -13,7 +13,7 @@ from trace_rl.agent.agents import OracleAgent, run_episode
 from trace_rl.agent.tasks import load_taskset
 from trace_rl.agent.tasks.multihop import RELATIONS, read_fact
 from trace_rl.models import TinyConfig, load_policy, token_logprobs
-from trace_rl.rollout import encode_prompt
+from trace_rl.rollout.collector import encode_prompt
 from trace_rl.run import RunConfig, build_env
 from trace_rl.train import sft
 from trace_rl.train.sft import (

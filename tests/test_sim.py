@@ -7,10 +7,18 @@ import re
 import numpy as np
 import pytest
 
-from trace_rl.bench import ROWS, TOKEN_FIGURES, UNMIXED_FIGURES, BenchConfig, learned_rows, run_batch, run_benchmark
-from trace_rl.metrics import FIGURES, tree_metrics
-from trace_rl.sim import LatentTreeSimulator, SimConfig
-from trace_rl.tree import RolloutTree
+from trace_rl.core.tree import RolloutTree
+from trace_rl.planning.metrics import FIGURES, tree_metrics
+from trace_rl.research.bench import (
+    ROWS,
+    TOKEN_FIGURES,
+    UNMIXED_FIGURES,
+    BenchConfig,
+    learned_rows,
+    run_batch,
+    run_benchmark,
+)
+from trace_rl.research.sim import LatentTreeSimulator, SimConfig
 
 
 def _grown(sim: LatentTreeSimulator, seed: int, prompts: int = 8, per_prompt: int = 4) -> list[RolloutTree]:
@@ -112,9 +120,9 @@ SMALL = {"prompts_per_batch": 16, "budget": 96, "seeds": 1, "batches": 2, "warmu
 
 @pytest.mark.parametrize("row", ROWS)
 def test_every_row_spends_exactly_the_budget(row: str) -> None:
-    from trace_rl.bench import parse_row
-    from trace_rl.methods import get_method
+    from trace_rl.planning.methods import get_method
     from trace_rl.predictor import PredictorConfig, build_predictor
+    from trace_rl.research.bench import parse_row
 
     cfg = BenchConfig(prompts_per_batch=16, budget=96, stage1_share=0.6)
     sim = LatentTreeSimulator(seed=0)

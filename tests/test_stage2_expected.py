@@ -11,17 +11,17 @@ import pytest
 from scripted_engine import FixedValues, ScriptedEngine, make_world
 from test_brace import all_succeed
 
-from trace_rl.allocate import expand_prefixes
-from trace_rl.config import FieldError
-from trace_rl.evidence import Stage2Evidence
-from trace_rl.mixing import (
+from trace_rl.core.mixing import (
     PrefixPosterior,
     expand_expected,
     fit_repeat_concentration,
     repeat_probabilities,
 )
-from trace_rl.rollout import RolloutConfig, TreeRolloutCollector
-from trace_rl.tree import RolloutTree
+from trace_rl.core.solvers import expand_prefixes
+from trace_rl.core.tree import RolloutTree
+from trace_rl.infra.config import FieldError
+from trace_rl.planning.evidence import Stage2Evidence
+from trace_rl.rollout.collector import RolloutConfig, TreeRolloutCollector
 
 
 def reference_repeat(p: float, strength: float, r: float, k: int, nu: float, grid: int = 4001) -> float:

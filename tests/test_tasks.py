@@ -238,8 +238,8 @@ def test_toolmath_errors_benchmark_classes_each_rollout_by_its_first_move_off_th
     (6 * 1.30, then 7.8 * 50 / 100, then 10 - 3.9, answer 6.1)."""
     from repo_files import load
 
+    from trace_rl.core.tree import RolloutTree
     from trace_rl.run import RunConfig, build_env
-    from trace_rl.tree import RolloutTree
 
     errors = load("experiments/toolmath_errors.py")
     task = next(t for t in tm_train.tasks if t.question.startswith("Ava buys 6 bags of rice at $1.30 each."))

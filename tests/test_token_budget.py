@@ -8,10 +8,17 @@ import itertools
 import numpy as np
 import pytest
 
-from trace_rl.allocate import allocate_roots, expand_prefixes
-from trace_rl.contrast import prefix_value, root_value
-from trace_rl.token_budget import TokenCosts, _root_table, _solve, allocate_roots_by_cost, cost_units, expand_prefixes_by_cost
-from trace_rl.tree import RolloutTree
+from trace_rl.core.contrast import prefix_value, root_value
+from trace_rl.core.solvers import allocate_roots, expand_prefixes
+from trace_rl.core.token_budget import (
+    TokenCosts,
+    _root_table,
+    _solve,
+    allocate_roots_by_cost,
+    cost_units,
+    expand_prefixes_by_cost,
+)
+from trace_rl.core.tree import RolloutTree
 
 
 def root_objective(v, m):
@@ -247,7 +254,7 @@ def world():
 def test_a_token_budget_batch_plans_within_its_tokens_and_learns_the_costs_for_the_next(world, method):
     from scripted_engine import FixedValues, ScriptedEngine
 
-    from trace_rl.rollout import RolloutConfig, TreeRolloutCollector
+    from trace_rl.rollout.collector import RolloutConfig, TreeRolloutCollector
 
     taskset, env, tokenizer, turns = world
     config = RolloutConfig(method=method, budget=600, budget_unit="tokens", max_new_tokens=32)
@@ -270,7 +277,7 @@ def test_a_token_budget_batch_plans_within_its_tokens_and_learns_the_costs_for_t
 def test_a_resumed_collector_plans_with_the_costs_it_had_learnt(world):
     from scripted_engine import FixedValues, ScriptedEngine
 
-    from trace_rl.rollout import RolloutConfig, TreeRolloutCollector
+    from trace_rl.rollout.collector import RolloutConfig, TreeRolloutCollector
 
     taskset, env, tokenizer, turns = world
     config = RolloutConfig(method="trace", budget=600, budget_unit="tokens", max_new_tokens=32)
@@ -299,14 +306,14 @@ def test_a_resumed_collector_plans_with_the_costs_it_had_learnt(world):
     ],
 )
 def test_a_token_budget_config_refuses_what_cannot_spend_tokens(fields, match):
-    from trace_rl.rollout import RolloutConfig
+    from trace_rl.rollout.collector import RolloutConfig
 
     with pytest.raises(ValueError, match=match):
         RolloutConfig(**{"budget_unit": "tokens", "budget": 4096, **fields})
 
 
 def test_a_token_budget_of_more_leaves_than_max_budget_is_a_setting():
-    from trace_rl.methods import MAX_BUDGET
-    from trace_rl.rollout import RolloutConfig
+    from trace_rl.planning.methods import MAX_BUDGET
+    from trace_rl.rollout.collector import RolloutConfig
 
     assert RolloutConfig(budget_unit="tokens", budget=100 * MAX_BUDGET).budget == 100 * MAX_BUDGET

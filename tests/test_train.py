@@ -14,12 +14,20 @@ import torch
 from scripted_engine import ScriptedEngine, coin_flip_answers
 
 from trace_rl.agent.tasks import load_taskset
-from trace_rl.compare import CompareConfig, run_compare, write_start
-from trace_rl.config import ConfigError, load_config
+from trace_rl.infra.config import ConfigError, load_config
 from trace_rl.models import TinyConfig, build_tiny, load_policy
-from trace_rl.rollout import TreeRolloutCollector
-from trace_rl.run import Parts, RunConfig, build_env, build_parts, build_predictor, build_trainer, lora_spec
-from trace_rl.rundir import RunDir
+from trace_rl.research.compare import CompareConfig, run_compare, write_start
+from trace_rl.rollout.collector import TreeRolloutCollector
+from trace_rl.run import (
+    Parts,
+    RunConfig,
+    build_env,
+    build_parts,
+    build_predictor,
+    build_trainer,
+    lora_spec,
+)
+from trace_rl.train.rundir import RunDir
 from trace_rl.train.trainer import StopRequest, held_out_accuracy
 
 REPO = Path(__file__).resolve().parents[1]

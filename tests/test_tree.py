@@ -4,8 +4,14 @@ import math
 import numpy as np
 import pytest
 
-from trace_rl.metrics import agreeing_budget, anchor_mixed_ratio, effective_ratio, mixed_budget_share, tree_metrics
-from trace_rl.tree import RolloutTree, read_jsonl, subtree_rewards, write_jsonl
+from trace_rl.core.tree import RolloutTree, read_jsonl, subtree_rewards, write_jsonl
+from trace_rl.planning.metrics import (
+    agreeing_budget,
+    anchor_mixed_ratio,
+    effective_ratio,
+    mixed_budget_share,
+    tree_metrics,
+)
 
 
 def chain(tree: RolloutTree, parent: int, turns: int, reward: float) -> int:

@@ -15,7 +15,7 @@ The public API, importable from `trace_rl` itself (each name loads its module on
 - the method: `METHODS`, `get_method`, `allocate_roots` (Stage 1), `expand_prefixes` (Stage 2),
   `root_value`, `prefix_value`, `ESTIMATORS` (advantages over trees), `RolloutTree`.
 
-A config names your code as `module:function` or `path/to/file.py:function` (`trace_rl.references`).
+A config names your code as `module:function` or `path/to/file.py:function` (`trace_rl.infra.references`).
 """
 
 from __future__ import annotations
@@ -40,17 +40,17 @@ _EXPORTS = {
     "SCORERS": "trace_rl.agent.scoring",
     "score": "trace_rl.agent.scoring",
     "RunConfig": "trace_rl.run",
-    "load_config": "trace_rl.config",
+    "load_config": "trace_rl.infra.config",
     "train": "trace_rl.run",
     "evaluate": "trace_rl.run",
-    "METHODS": "trace_rl.methods",
-    "get_method": "trace_rl.methods",
-    "allocate_roots": "trace_rl.allocate",
-    "expand_prefixes": "trace_rl.allocate",
-    "root_value": "trace_rl.contrast",
-    "prefix_value": "trace_rl.contrast",
-    "ESTIMATORS": "trace_rl.advantage",
-    "RolloutTree": "trace_rl.tree",
+    "METHODS": "trace_rl.planning.methods",
+    "get_method": "trace_rl.planning.methods",
+    "allocate_roots": "trace_rl.core.solvers",
+    "expand_prefixes": "trace_rl.core.solvers",
+    "root_value": "trace_rl.core.contrast",
+    "prefix_value": "trace_rl.core.contrast",
+    "ESTIMATORS": "trace_rl.core.advantage",
+    "RolloutTree": "trace_rl.core.tree",
 }
 
 __all__ = [

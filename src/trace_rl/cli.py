@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trace_rl.agent.sandbox import SandboxUnavailable
-from trace_rl.config import ConfigError
+from trace_rl.infra.config import ConfigError
 
 if TYPE_CHECKING:
     from trace_rl.train.trainer import StopRequest
@@ -72,7 +72,7 @@ def _positive_int(text: str) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     if args.what == "allocation":
-        from trace_rl.bench import run_benchmark, summary_table
+        from trace_rl.research.bench import run_benchmark, summary_table
 
         result = run_benchmark(seeds=args.seeds, batches=args.batches)
         if not args.json:
@@ -104,7 +104,7 @@ def _tasks(args: argparse.Namespace) -> int:
 
 
 def _verl_data(args: argparse.Namespace) -> int:
-    from trace_rl.config import load_config
+    from trace_rl.infra.config import load_config
     from trace_rl.integrations.verl.data import require_pyarrow, write_parquet
     from trace_rl.run import RunConfig
 
@@ -121,9 +121,9 @@ def _verl_data(args: argparse.Namespace) -> int:
 def _rollout(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from trace_rl.config import load_config
+    from trace_rl.core.tree import write_jsonl
+    from trace_rl.infra.config import load_config
     from trace_rl.run import RunConfig, build_parts
-    from trace_rl.tree import write_jsonl
 
     config = load_config(RunConfig, args.config, args.overrides)
     out = _out_file(args.out)
@@ -140,8 +140,8 @@ def _rollout(args: argparse.Namespace) -> int:
 
 def _warm_start(args: argparse.Namespace) -> int:
     """The warm start as its own step: `train` and `compare` run it first and find it cached."""
-    from trace_rl.config import load_config
-    from trace_rl.progress import progress_bar, warm_start_progress
+    from trace_rl.infra.config import load_config
+    from trace_rl.infra.progress import progress_bar, warm_start_progress
     from trace_rl.run import RunConfig, check_trainable, policy_source
 
     config = load_config(RunConfig, args.config, args.overrides)
@@ -160,7 +160,7 @@ def _warm_start(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from trace_rl.rundir import RunDir
+    from trace_rl.train.rundir import RunDir
 
     folder = args.resume or args.out
     if folder and Path(folder).is_dir():  # a second writer refuses now, not after seconds of imports
@@ -170,10 +170,10 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _train_locked(args: argparse.Namespace) -> int:
-    from trace_rl.config import load_config
-    from trace_rl.progress import progress_bar
+    from trace_rl.infra.config import load_config
+    from trace_rl.infra.progress import progress_bar
     from trace_rl.run import RunConfig, headline, train_run
-    from trace_rl.rundir import RunDir
+    from trace_rl.train.rundir import RunDir
     from trace_rl.train.trainer import StopRequest
 
     if args.resume:
@@ -201,7 +201,7 @@ def _train_locked(args: argparse.Namespace) -> int:
 
 
 def _resume_hint(run_dir: Path) -> str:
-    from trace_rl.rundir import RunDir
+    from trace_rl.train.rundir import RunDir
 
     folder = RunDir(run_dir)
     if not folder.config_path.is_file():
@@ -212,9 +212,9 @@ def _resume_hint(run_dir: Path) -> str:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from trace_rl.compare import CompareConfig, run_compare, summary_table
-    from trace_rl.config import load_config
-    from trace_rl.progress import progress_bar, warm_start_progress
+    from trace_rl.infra.config import load_config
+    from trace_rl.infra.progress import progress_bar, warm_start_progress
+    from trace_rl.research.compare import CompareConfig, run_compare, summary_table
     from trace_rl.run import check_trainable, policy_source
     from trace_rl.train.trainer import StopRequest
 
@@ -253,9 +253,9 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _train_compare_run(run, run_dir, stop=None, bar=None) -> None:
     """One comparison run; a run cut short earlier continues from its checkpoint (or its step 0)."""
-    from trace_rl.progress import progress_bar
+    from trace_rl.infra.progress import progress_bar
     from trace_rl.run import train_run
-    from trace_rl.rundir import RunDir
+    from trace_rl.train.rundir import RunDir
 
     if bar is None:  # a worker process: plain lines (the workers share one terminal), one a minute
         with progress_bar(plain=True, log_every_s=60.0) as lines:
@@ -267,7 +267,7 @@ def _train_compare_run(run, run_dir, stop=None, bar=None) -> None:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from trace_rl.config import load_config
+    from trace_rl.infra.config import load_config
     from trace_rl.run import RunConfig, evaluate_policy
 
     if args.run_dir and "=" in args.run_dir and not Path(args.run_dir).exists():
@@ -300,7 +300,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _methods(args: argparse.Namespace) -> int:
-    from trace_rl.methods import METHODS
+    from trace_rl.planning.methods import METHODS
 
     for spec in METHODS.values():
         print(f"{spec.name:<13} {spec.description}  [{spec.source}]", file=sys.stderr)
@@ -329,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.set_defaults(func=_rollout)
 
     verl_data = commands.add_parser("verl-data", help="write a run config's task splits as the parquet files verl's dataset reads")
-    verl_data.add_argument("--config", required=True, help="trace-rl run config (the one verl's +trace_rl.config names)")
+    verl_data.add_argument("--config", required=True, help="trace-rl run config (the one verl's +trace_rl.infra.config names)")
     verl_data.add_argument("--out", required=True, help="folder for train.parquet and test.parquet")
     verl_data.add_argument("overrides", nargs="*", help="dotted key=value overrides, as verl's +trace_rl.overrides")
     verl_data.set_defaults(func=_verl_data)
@@ -407,7 +407,7 @@ def _warnings_as_lines(command: str) -> Iterator[None]:
     """Run-folder and task-file warnings (a checkpoint skipped, a config kept, task ids made unique) as one
     `trace-rl CMD: warning:` line each."""
     from trace_rl.agent.tasks.loaders import TaskFileWarning
-    from trace_rl.rundir import RunDirWarning
+    from trace_rl.train.rundir import RunDirWarning
 
     show = warnings.showwarning
 

@@ -21,9 +21,15 @@ import numpy as np
 
 from trace_rl.agent.env import Env, ToolEnv, protocol_gaps
 from trace_rl.agent.scoring import score
-from trace_rl.agent.tasks import TASKSETS, available_tasksets, load_taskset, option_names
+from trace_rl.agent.tasks import (
+    TASKSETS,
+    available_tasksets,
+    load_taskset,
+    option_names,
+)
 from trace_rl.agent.types import Task, TaskSet
-from trace_rl.config import (
+from trace_rl.engine.base import Engine
+from trace_rl.infra.config import (
     MAX_SEED,
     ConfigError,
     EngineConfig,
@@ -37,18 +43,17 @@ from trace_rl.config import (
     load_yaml,
     show_value,
 )
-from trace_rl.engine.base import Engine
+from trace_rl.infra.references import BadReference, is_reference, resolve
 from trace_rl.predictor import BraceBank, PredictorConfig, SuccessPredictor, bank_counts
 from trace_rl.predictor import build_predictor as make_predictor
-from trace_rl.references import BadReference, is_reference, resolve
-from trace_rl.rollout import (
+from trace_rl.rollout.collector import (
     Executor,
     RolloutConfig,
     RolloutRunner,
     TreeRolloutCollector,
     encode_prompt,
 )
-from trace_rl.rundir import RunDir, RunDirError, RunDirWarning
+from trace_rl.train.rundir import RunDir, RunDirError, RunDirWarning
 from trace_rl.train.sft import SFTConfig, warm_start
 from trace_rl.train.trainer import (
     StopRequest,
@@ -72,7 +77,7 @@ class RunConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    """`rollout.method` is the run's method (`trace_rl.methods.METHODS`)."""
+    """`rollout.method` is the run's method (`trace_rl.planning.methods.METHODS`)."""
     predictor: PredictorConfig = field(default_factory=PredictorConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
@@ -415,12 +420,12 @@ def build_parts(config: RunConfig, *, progress: Callable[[int, float], None] | N
 
 
 def build_executor(config: RunConfig, policy_name: str, engine: Engine, policy: Any) -> Executor:
-    """`rollout.workers` Ray actors (`trace_rl.distributed`), each built by `build_worker`; they sample
+    """`rollout.workers` Ray actors (`trace_rl.rollout`), each built by `build_worker`; they sample
     `policy`'s weights, pushed whenever `engine` (the one the trainer updates) gets a new version.
     On CUDA each actor asks Ray for a GPU, or an equal share of the GPUs there are."""
     import torch
 
-    from trace_rl.distributed.ray_rollout import RayExecutor
+    from trace_rl.rollout.ray_workers import RayExecutor
 
     workers = config.rollout.workers
     gpus = min(1.0, torch.cuda.device_count() / workers) if torch.device(config.model.device).type == "cuda" else 0.0
@@ -429,7 +434,7 @@ def build_executor(config: RunConfig, policy_name: str, engine: Engine, policy: 
 
 
 def build_worker(config: RunConfig, policy_name: str) -> tuple[RolloutRunner, Any]:
-    """One Ray rollout worker's runner and model (`trace_rl.distributed.ray_rollout.WorkerBuild`), made inside the
+    """One Ray rollout worker's runner and model (`trace_rl.rollout.ray_workers.WorkerBuild`), made inside the
     actor as `build_parts` makes the main process's: the RL split's env, the policy loaded from
     `policy_name` (the warm-started folder, already made by the main process), its engine."""
     import torch
@@ -600,7 +605,7 @@ def train_run(
     replaces is kept as `config.step_XXXX.yaml` (the config of the steps up to XXXX), and a
     `RunDirWarning` says so: `config.yaml` alone never loses the record of the earlier steps.
 
-    `bar` is a `trace_rl.progress.Bars` for live progress, or None; `stop` stops the run at a step
+    `bar` is a `trace_rl.infra.progress.Bars` for live progress, or None; `stop` stops the run at a step
     boundary (`StopRequest`).
     """
     check_trainable(config)
@@ -626,7 +631,7 @@ def train_run(
         if (changed := folder.record_code()) is not None:
             warnings.warn(changed, RunDirWarning, stacklevel=2)
         folder.write_config(config)
-        from trace_rl.progress import warm_start_progress
+        from trace_rl.infra.progress import warm_start_progress
 
         parts = build_parts(config, progress=warm_start_progress(bar, config.sft.steps), run_dir=folder.path)
         trainer = build_trainer(config, parts, folder)
@@ -703,8 +708,8 @@ def train(
     """Train from Python as `trace-rl train` does: `config` a `RunConfig`, a YAML file or None (the
     defaults), with `overrides` (`key=value` strings) applied; the run goes to `out` (or, with `resume`,
     continues there). `progress` shows the warm start and the steps on stderr. Returns the Trainer."""
-    from trace_rl.config import apply_override, from_dict, load_config, to_dict
-    from trace_rl.progress import progress_bar
+    from trace_rl.infra.config import apply_override, from_dict, load_config, to_dict
+    from trace_rl.infra.progress import progress_bar
 
     if isinstance(config, RunConfig):
         if overrides:
@@ -725,7 +730,7 @@ def train(
 def evaluate(config: RunConfig | str | Path | None = None, *, overrides: Sequence[str] = (), run_dir: str | Path | None = None,
              samples: int | None = None) -> dict[str, Any]:
     """Held-out accuracy of `config`'s starting policy, or of `run_dir`'s latest checkpoint (as `trace-rl eval`)."""
-    from trace_rl.config import load_config
+    from trace_rl.infra.config import load_config
 
     if not isinstance(config, RunConfig):
         config = load_config(RunConfig, None if config is None else str(config), list(overrides))

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from trace_rl.agent.protocol import ANSWER, TurnFormat, get_format
 from trace_rl.agent.tools import Tool, ToolErrorKind, ToolSpec, build_tools, run_tool
 from trace_rl.agent.types import Task, TaskSet, ToolCall
-from trace_rl.config import SandboxConfig
+from trace_rl.infra.config import SandboxConfig
 
 Scorer = Callable[[Task, str], float]
 """`scorer(task, answer) -> reward in [0, 1]`; exceptions propagate (a crashed scorer is not a failed rollout)."""

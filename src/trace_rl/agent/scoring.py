@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from trace_rl.agent.types import Task
-from trace_rl.references import is_reference, resolve
+from trace_rl.infra.references import is_reference, resolve
 
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -281,7 +281,7 @@ SCORERS: dict[str, Callable[[Task, str], float]] = {
 
 def get_scorer(name: str) -> Callable[[Task, str], float]:
     """The scorer registered under `name`, or the function a `module:function` reference names (a user's
-    reward, `trace_rl.references`); a miss raises ValueError suggesting the closest name."""
+    reward, `trace_rl.infra.references`); a miss raises ValueError suggesting the closest name."""
     if is_reference(name):
         fn = _resolved(name)
         if not callable(fn):

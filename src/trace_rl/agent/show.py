@@ -20,7 +20,7 @@ from trace_rl.agent.agents import Episode, OracleAgent, RandomAgent, run_episode
 from trace_rl.agent.env import ToolEnv
 from trace_rl.agent.protocol import FORMATS
 from trace_rl.agent.types import TaskSet
-from trace_rl.config import SandboxConfig
+from trace_rl.infra.config import SandboxConfig
 
 DEFAULT_TASKSETS = ("multihop", "toolmath")
 
@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def task_options(items: Sequence[str]) -> dict[str, Any]:
     """`--option KEY=VALUE` items as a dict, each value read as YAML (`load_yaml`'s rules), as a run
     config's `task.options`; ConfigError for an item without `=`."""
-    from trace_rl.config import ConfigError, load_yaml
+    from trace_rl.infra.config import ConfigError, load_yaml
 
     options: dict[str, Any] = {}
     for item in items:

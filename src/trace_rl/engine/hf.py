@@ -42,8 +42,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .base import Completion, FinishReason, SamplingParams, check_prompts, cut_at_stop
 from ..models import native_bf16
+from .base import Completion, FinishReason, SamplingParams, check_prompts, cut_at_stop
 from .decoder import Decoder
 
 PRECISIONS = ("auto", "fp32", "bf16")

@@ -23,7 +23,7 @@ Seeds: vLLM seeds the j-th of n samples with `seed + j`; the r-th repeat of an i
 within one call gets `seed + r * n`, so repeats differ, as in the `hf` engine.
 
 Failures: every attempt at a request must end within `timeout_s`, from connecting to the reply's
-last byte (`trace_rl.http_deadline.exchange`: a timer cuts the socket at the deadline, so a server
+last byte (`trace_rl.infra.http_deadline.exchange`: a timer cuts the socket at the deadline, so a server
 trickling bytes cannot stretch it).
 What may pass by itself is retried `retries` times, waiting `retry_wait_s`, 2x, 4x, ... (a 429's
 `Retry-After`, up to `timeout_s`, when longer): refused or reset connections, a server closing the
@@ -63,7 +63,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
-from trace_rl.http_deadline import exchange
+from trace_rl.infra.http_deadline import exchange
 
 from .base import (
     Completion,

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from trace_rl.advantage import NodeAdvantages
+from trace_rl.core.advantage import NodeAdvantages
+from trace_rl.core.tree import RolloutTree
 from trace_rl.train.sequences import tree_sequences
-from trace_rl.tree import RolloutTree
 
 ADVANTAGES = "trace_advantages"
 """Row field: the tree advantage of every completion token (0 where the row does not train it)."""

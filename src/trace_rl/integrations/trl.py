@@ -8,7 +8,7 @@ fields, which it hands to the reward functions. `TraceRollout` is that function:
 - **One tree per distinct prompt, exactly G leaves.** `TreeRolloutCollector.collect(per_tree=True)`
   with `rollout.budget` = G: Stage 1 gives each root m = max(min_per_prompt, round(stage1_share * G))
   bare rollouts, then TRACE's exact Stage 2 on the shared predictor spends the other G - m on that
-  tree's own prefixes (what no prefix can take goes back to its root, as in `trace_rl.plan`).
+  tree's own prefixes (what no prefix can take goes back to its root, as in `trace_rl.planning.planner`).
   Stage 1 *across* prompts (more rollouts where the predictor sees contrast, none for solved or
   hopeless prompts) is not expressible in TRL's fixed-`num_generations` shape: every prompt gets G.
 - **One row per leaf** (`trace_rl.integrations.rows.tree_rows`, shared with the verl adapter):
@@ -58,16 +58,16 @@ from datasets import Dataset
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from trace_rl.advantage import NodeAdvantages, advantage_metrics, get_estimator
 from trace_rl.agent.types import Task
-from trace_rl.config import FieldError
+from trace_rl.core.advantage import NodeAdvantages, advantage_metrics, get_estimator
+from trace_rl.core.tree import RolloutTree
+from trace_rl.infra.config import FieldError
 from trace_rl.integrations.rows import ADVANTAGES, REWARD, tree_rows
-from trace_rl.metrics import predictor_metrics, rollout_metrics
+from trace_rl.planning.metrics import predictor_metrics, rollout_metrics
 from trace_rl.predictor.base import backup_targets
-from trace_rl.rollout import RolloutBatch, TreeRolloutCollector
+from trace_rl.rollout.collector import RolloutBatch, TreeRolloutCollector
 from trace_rl.run import Parts, RunConfig
-from trace_rl.rundir import atomic_write, checkpoint_data
-from trace_rl.tree import RolloutTree
+from trace_rl.train.rundir import atomic_write, checkpoint_data
 
 CHECKPOINTING = "activation_checkpointing" if "activation_checkpointing" in GRPOConfig.__dataclass_fields__ else "gradient_checkpointing"
 """Recent transformers 5 releases (5.24 here) call it `activation_checkpointing` and warn whenever the old

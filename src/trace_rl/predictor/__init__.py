@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
+from trace_rl.predictor.bank import BraceBank, bank_counts
 from trace_rl.predictor.base import (
     KnowsPrompts,
     PromptEvidence,
@@ -20,9 +21,12 @@ from trace_rl.predictor.base import (
     natural_backup,
     rollout_starts,
 )
-from trace_rl.predictor.bank import BraceBank, bank_counts
 from trace_rl.predictor.guard import GuardedPredictor
-from trace_rl.predictor.hashed import HashedNgramPredictor, PredictorAdvanced, PredictorConfig
+from trace_rl.predictor.hashed import (
+    HashedNgramPredictor,
+    PredictorAdvanced,
+    PredictorConfig,
+)
 from trace_rl.predictor.history import PromptHistoryPredictor
 
 PredictorKind = Literal["shared", "prompt_history", "knapsack_history", "brace_bank"]

@@ -6,7 +6,7 @@ cycle's rollouts are added, every count is multiplied by γ = 0.9, so a task wri
 policy is probed again as the policy moves. The counts may start from a *warm bank*: rollouts of other,
 earlier runs on the same tasks, capped per task at 20 successes and 40 failures (so the run's own
 rollouts soon outweigh them) and decayed like the rest. The run's own groups also fit the within-group
-concentration ν (`trace_rl.mixing.fit_concentration`), which starts at BRACE's published 0.285.
+concentration ν (`trace_rl.core.mixing.fit_concentration`), which starts at BRACE's published 0.285.
 
 What trace-rl had to choose, where BRACE's setting differs from a training step here:
 
@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from trace_rl.evidence import bare_outcomes
-from trace_rl.mixing import PUBLISHED_CONCENTRATION, fit_concentration
+from trace_rl.core.mixing import PUBLISHED_CONCENTRATION, fit_concentration
+from trace_rl.core.tree import History, read_jsonl
+from trace_rl.planning.evidence import bare_outcomes
 from trace_rl.predictor.base import PromptEvidence, check_training_batch
-from trace_rl.tree import History, read_jsonl
 
 
 class BraceBank:

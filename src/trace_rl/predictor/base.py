@@ -13,7 +13,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from trace_rl.tree import Backup, History, RolloutTree
+from trace_rl.core.tree import Backup, History, RolloutTree
 
 Weighting = Literal["count", "sqrt", "uniform"]
 LeafSet = Literal["natural", "all"]
@@ -51,7 +51,7 @@ class PromptEvidence:
     failures: np.ndarray | None = None
     """Per prompt, the counts behind the posterior Beta(1 + successes, 1 + failures) (BRACE)."""
     concentration: float = float("inf")
-    """ν of the exchangeable group model (`trace_rl.mixing`); np.inf: a group's rollouts are independent."""
+    """ν of the exchangeable group model (`trace_rl.core.mixing`); np.inf: a group's rollouts are independent."""
 
 
 @runtime_checkable
@@ -110,7 +110,7 @@ def backup_targets(
       is an example, expanded or not) and its continuations are fresh draws, so the count-weighted
       cross-entropy's expected gradient vanishes at the true value. On the simulator's TRACE trees
       the plain mean puts roots of true success 0.11 at 0.17 and of 0.89 at 0.82; this one at 0.09
-      and 0.90 (`trace_rl.sim` knows the truth).
+      and 0.90 (`trace_rl.research.sim` knows the truth).
     - `"all"`: every leaf below y, the backup value V̂ of `RolloutTree.backup` (the mean reward of
       y's leaves). Fair only when no branching decision looked at outcomes.
 

@@ -2,7 +2,7 @@
 shows at once: a constant at the running mean of every outcome so far, and each prompt's own history.
 
 Each step, before anything learns from the step's rollouts, `score` judges them all on the same
-pairs as `predictor/brier` and `predictor/brier_census` (`trace_rl.metrics.scored_estimates`); then
+pairs as `predictor/brier` and `predictor/brier_census` (`trace_rl.planning.metrics.scored_estimates`); then
 `update` feeds them the step's trees. A shared predictor
 whose Brier is above `predictor/brier_constant` is worse than knowing only the overall success rate.
 """
@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from trace_rl.core.tree import RolloutTree
 from trace_rl.predictor.base import backup_targets, brier_score
 from trace_rl.predictor.history import PromptHistoryPredictor
-from trace_rl.tree import RolloutTree
 
 
 class ReferencePredictors:
@@ -28,9 +28,9 @@ class ReferencePredictors:
 
     def score(self, trees: Sequence[RolloutTree]) -> dict[str, float]:
         """`predictor/brier_constant` and `predictor/brier_history` on the pairs `predictor/brier` uses,
-        and `_census` on those of `predictor/brier_census` (`trace_rl.metrics.scored_estimates`); {}
+        and `_census` on those of `predictor/brier_census` (`trace_rl.planning.metrics.scored_estimates`); {}
         if no rollout was started at a node with an estimate."""
-        from trace_rl.metrics import scored_estimates
+        from trace_rl.planning.metrics import scored_estimates
 
         figures = {}
         mean = self.successes / self.rollouts if self.rollouts else 0.5

@@ -32,8 +32,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from trace_rl.core.tree import History
 from trace_rl.predictor.base import SuccessPredictor, check_training_batch
-from trace_rl.tree import History
 
 
 class GuardedPredictor:

@@ -28,7 +28,7 @@ of the time, at 7.2% 5.4%); trained hard enough on roots to reach the extremes (
 its two weights per prompt word (`p:` and `r:`) over-fit and turn over-confident (predicted 1.4%:
 3.8%; 7.3%: 11%), so Stage 1 filters prompts it should sample. The root head, one weight per prompt
 n-gram and its own bias, is calibrated there (3.2%: 4.0%; 7.2%: 7.4%) and has the lowest held-out
-root error of the three (all figures on the simulator, `trace_rl.bench`). The shared model still
+root error of the three (all figures on the simulator, `trace_rl.research.bench`). The shared model still
 learns from roots: that is how its prompt weights, which prefixes use, learn what a prompt is worth
 (without them its held-out prefix error rises by a third).
 
@@ -78,7 +78,7 @@ and the root head answers calibrated only if that held-out cross-entropy undercu
 by `calibration_margin`. On real trees the raw root head is badly over-confident and the
 calibration wins from about the fourth update on; on the simulator the raw root head is already
 calibrated (held out, calibrating it changed its cross-entropy by +0.6%), yet calibrating it anyway
-cost TRACE 0.022 of effective ratio (10 seeds of `trace_rl.bench`), and the margin keeps it raw there.
+cost TRACE 0.022 of effective ratio (10 seeds of `trace_rl.research.bench`), and the margin keeps it raw there.
 `experiments/predictor_replay.py` measures all of this against a running-mean constant, the
 per-prompt history and the previous predictor, on recorded runs and on the simulator.
 
@@ -101,9 +101,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from trace_rl.config import check_range
+from trace_rl.core.tree import History, Turn
+from trace_rl.infra.config import check_range
 from trace_rl.predictor.base import check_training_batch
-from trace_rl.tree import History, Turn
 
 _WORD = re.compile(r"[a-z0-9]+")
 _MARKUP = re.compile(r"<[^>]*>")  # tags around a tool call (`<search> ... </search>`)
@@ -211,7 +211,7 @@ class PredictorAdvanced:
     feature moves it by a full lr, so n-grams seen once (most of them) memorise that example's target;
     a positive start lets a rare feature's small gradient move it little, while frequent features soon
     outgrow the start. Too large a start also slows informative words of middling frequency (a topic's
-    words); 1e-3 gave the best held-out error on the simulator (`trace_rl.bench`)."""
+    words); 1e-3 gave the best held-out error on the simulator (`trace_rl.research.bench`)."""
     replay_batches: int = 64
     """Earlier updates whose root examples both models train on again (0: none). Bounds the buffer; in a
     stationary world more is better (on the simulator keeping 20 batches instead of all 40 raised the
@@ -278,7 +278,7 @@ class PredictorConfig:
     Brier 0.234 / 0.228 / 0.228 with them, 0.213 / 0.199 / 0.205 without (on prefixes 0.274 / 0.275 /
     0.265 → 0.232 / 0.216 / 0.219; per-prompt history 0.228 / 0.222 / 0.229), and
     `experiments/propositions.py` found the same held out. The simulator's turn texts are made to carry
-    clues, and there they help (0.187 with, 0.212 without), so `trace_rl.bench` keeps them."""
+    clues, and there they help (0.187 with, 0.212 without), so `trace_rl.research.bench` keeps them."""
     guard: bool = False
     """Scale the predictor's estimates about 0.5 by how much they helped on the batches it learnt from
     (`trace_rl.predictor.guard`): one that ranks no better than a coin answers 0.5 (TRACE then

@@ -4,7 +4,7 @@ The `prompt_only` baseline allocates from what it has seen of each prompt before
 
 - `estimate="beta"` (default): a Beta(1, 1) posterior mean of all its past root outcomes, 0.5 for a
   prompt never sampled.
-- `estimate="last_epoch"`: what Knapsack-RL feeds its allocator (`trace_rl.allocate.knapsack_roots`),
+- `estimate="last_epoch"`: what Knapsack-RL feeds its allocator (`trace_rl.core.baselines.knapsack_roots`),
   as released in github.com/liziniu/KnapsackRL, `verl/utils/dataset/rl_dataset.py`
   (`update_sample_state` / `get_sample_state`, with the launch script's epoch_estimation =
   robust_epoch_estimation = true, reward_buffer_length = 16, min_buffer_length = 8): the success rate
@@ -24,8 +24,8 @@ from typing import Literal
 
 import numpy as np
 
+from trace_rl.core.tree import History
 from trace_rl.predictor.base import PromptEvidence, check_training_batch
-from trace_rl.tree import History
 
 Estimate = Literal["beta", "last_epoch"]
 

@@ -4,8 +4,20 @@ Needs the `report` extra (matplotlib) for the plots; the viewer needs nothing be
 """
 
 from trace_rl.report.html import ReportFiles, build_report, write_report
-from trace_rl.report.plots import find_runs, load_run, plot_metrics, plot_path, plot_runs
-from trace_rl.report.viewer import ViewerLimits, viewer_data, viewer_page, viewer_section, write_viewer
+from trace_rl.report.plots import (
+    find_runs,
+    load_run,
+    plot_metrics,
+    plot_path,
+    plot_runs,
+)
+from trace_rl.report.viewer import (
+    ViewerLimits,
+    viewer_data,
+    viewer_page,
+    viewer_section,
+    write_viewer,
+)
 
 __all__ = [
     "ReportFiles",

@@ -17,11 +17,17 @@ from typing import Any
 
 import numpy as np
 
-from trace_rl.config import ConfigError, load_yaml_file
-from trace_rl.report.plots import RunMetrics, find_runs, load_run, method_sort_key, plot_metrics
+from trace_rl.infra.config import ConfigError, load_yaml_file
+from trace_rl.report.plots import (
+    RunMetrics,
+    find_runs,
+    load_run,
+    method_sort_key,
+    plot_metrics,
+)
 from trace_rl.report.viewer import ViewerLimits, viewer_data, viewer_section
-from trace_rl.rollout import RolloutConfig
-from trace_rl.rundir import atomic_write, run_file_exists
+from trace_rl.rollout.collector import RolloutConfig
+from trace_rl.train.rundir import atomic_write, run_file_exists
 
 HEADLINE_KEYS = (
     "critic/score/mean",

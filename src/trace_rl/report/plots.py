@@ -1,7 +1,7 @@
 """Training curves as PNG files: one line per method, the mean over its seeds with a min–max band.
 
 Input is one or more run folders (`metrics.jsonl`, one JSON object a line with `step`, or its copy packed
-in a committed result's `runs.tar.xz`: `trace_rl.rundir.read_run_file`). Lines that
+in a committed result's `runs.tar.xz`: `trace_rl.train.rundir.read_run_file`). Lines that
 share a step are merged, later lines winning, so a resumed run or a separate eval line for the same
 step reads as one row. A key a run never logged (an older version, a method without a predictor) is
 simply absent from the figures; a figure with no data at all is not written.
@@ -22,8 +22,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from trace_rl.methods import METHODS
-from trace_rl.rundir import START, atomic_write, read_metrics, run_file_exists
+from trace_rl.planning.methods import METHODS
+from trace_rl.train.rundir import START, atomic_write, read_metrics, run_file_exists
 
 METHOD_ORDER = tuple(METHODS)
 """The registry's method names, in its order; they keep one colour each across every figure and table."""
@@ -312,7 +312,7 @@ def plot_runs(run_dirs_by_method: Mapping[str, Sequence[str | Path]], out_dir: s
 
 def _start_from_react(runs: dict[str, list[RunMetrics]]) -> dict[str, list[RunMetrics]]:
     """A comparison's `react` folder (its starting policy, evaluated at step 0 with no rollouts spent:
-    `trace_rl.compare`) becomes the first point of every method's run of the same seed."""
+    `trace_rl.research.compare`) becomes the first point of every method's run of the same seed."""
     starts = {run.path.name: run.rows.get(0) for run in runs.get(START, [])}
     if not starts:
         return runs

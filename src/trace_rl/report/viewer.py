@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from trace_rl.metrics import tree_metrics
-from trace_rl.rundir import RunDir, atomic_write
-from trace_rl.tree import RolloutTree, read_jsonl, subtree_rewards
+from trace_rl.core.tree import RolloutTree, read_jsonl, subtree_rewards
+from trace_rl.planning.metrics import tree_metrics
+from trace_rl.train.rundir import RunDir, atomic_write
 
 
 @dataclass(frozen=True)

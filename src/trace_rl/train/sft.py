@@ -32,11 +32,19 @@ from trace_rl.agent.agents import Episode, OracleAgent, RandomAgent, run_episode
 from trace_rl.agent.env import StepResult, ToolEnv
 from trace_rl.agent.protocol import ANSWER, TurnFormat
 from trace_rl.agent.types import OraclePolicy, Rationale, Task, TaskSet, ToolCall
-from trace_rl.config import MAX_SEED, check_choice, check_range
-from trace_rl.models import TinyConfig, _atomic_folder, cache_root, load_policy, native_bf16, packed_token_logprobs, supports_packed, token_logprobs
-from trace_rl.rollout import encode_observation, encode_prompt
-from trace_rl.rundir import atomic_write
+from trace_rl.infra.config import MAX_SEED, check_choice, check_range
+from trace_rl.models import (
+    TinyConfig,
+    cache_root,
+    load_policy,
+    native_bf16,
+    token_logprobs,
+)
+from trace_rl.models.cache import atomic_folder
+from trace_rl.rollout.collector import encode_observation, encode_prompt
+from trace_rl.train.rundir import atomic_write
 from trace_rl.train.sequences import pad_right
+from trace_rl.train.tree_attention import packed_token_logprobs, supports_packed
 
 _RECIPE_VERSION = 3  # bump when the recipe changes in a way the cache key does not see (3: copy_ready_init)
 
@@ -78,7 +86,7 @@ class SFTConfig:
     """Longer demonstrations are cut (their tail is not trained)."""
     packing: bool = True
     """Each batch as one packed row (`packed_nll`: the shared system prompt once, no padding), where the
-    model supports it (`trace_rl.models.supports_packed`); the same loss and gradients as right-padded
+    model supports it (`trace_rl.train.tree_attention.supports_packed`); the same loss and gradients as right-padded
     rows up to float rounding. For the tiny policy on 2 cores: 28% fewer tokens through the model (but
     more, smaller attention calls), 1.13x faster over 100 steps of `benchmarks/warm_start_speed.py`
     (0.70 -> 0.62 s a step), 1.4x in a 200-step probe. `false`: right-padded rows (`masked_nll`), the
@@ -279,7 +287,7 @@ def warm_start(
             "sft/demo_policy_tokens": float(np.mean([sum(mask) for _, mask in sequences])),
         }
     )
-    with _atomic_folder(target) as tmp:
+    with atomic_folder(target) as tmp:
         policy.model.save_pretrained(tmp)
         policy.tokenizer.save_pretrained(tmp)
         record = {"model": model, "seed": seed, "config": asdict(config), "stats": stats}

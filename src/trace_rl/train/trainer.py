@@ -8,7 +8,7 @@ One step, in the order of the paper:
     predictor  ← tree backup targets                       # serves allocation only
 
 Every step appends one line to the run folder's `metrics.jsonl` and writes its trees
-(`trace_rl.rundir`); checkpoints hold everything needed to continue bit-for-bit (policy, optimiser,
+(`trace_rl.train.rundir`); checkpoints hold everything needed to continue bit-for-bit (policy, optimiser,
 predictor, every RNG, counters), written atomically, so a killed run resumes from its last
 checkpoint and reaches the same numbers. After every update the engine receives the new weights
 (`Engine.update_weights`), and each step logs the version it sampled from (`rollout/weight_version`).
@@ -29,18 +29,19 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from trace_rl.advantage import ESTIMATORS, advantage_metrics, get_estimator
 from trace_rl.agent.types import Task
-from trace_rl.config import FieldError, check_choice, check_range
+from trace_rl.core.advantage import ESTIMATORS, advantage_metrics, get_estimator
+from trace_rl.core.tree import RolloutTree
 from trace_rl.engine.base import Engine
-from trace_rl.methods import MethodSpec
-from trace_rl.metrics import predictor_metrics, rollout_metrics, tree_metrics
-from trace_rl.models import packed_token_logprobs, supports_packed, token_logprobs
+from trace_rl.infra.config import FieldError, check_choice, check_range
+from trace_rl.models import token_logprobs
+from trace_rl.planning.methods import MethodSpec
+from trace_rl.planning.metrics import predictor_metrics, rollout_metrics, tree_metrics
 from trace_rl.predictor.base import SuccessPredictor, backup_targets
 from trace_rl.predictor.baselines import ReferencePredictors
-from trace_rl.rollout import TreeRolloutCollector
-from trace_rl.rundir import RunDir
+from trace_rl.rollout.collector import TreeRolloutCollector
 from trace_rl.train.loss import policy_loss
+from trace_rl.train.rundir import RunDir
 from trace_rl.train.sequences import (
     TrainSequence,
     in_loss,
@@ -52,7 +53,7 @@ from trace_rl.train.sequences import (
     tree_groups,
     tree_sequences,
 )
-from trace_rl.tree import RolloutTree
+from trace_rl.train.tree_attention import packed_token_logprobs, supports_packed
 
 
 @dataclass
@@ -507,7 +508,7 @@ class Trainer:
 
         Only data, so it loads with `weights_only=True`: tensors (weights, optimiser moments, the torch
         RNG), numpy RNG states as their JSON-compatible dicts, counters as numbers; the predictor's
-        numpy arrays are stored as tensors (`trace_rl.rundir.checkpoint_data`).
+        numpy arrays are stored as tensors (`trace_rl.train.rundir.checkpoint_data`).
         """
         state = {
             "step": self.step,
@@ -553,7 +554,9 @@ class Trainer:
             return
         folder = self.run_dir.path
         if self.cfg.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter  # needs the `tensorboard` package
+            from torch.utils.tensorboard import (
+                SummaryWriter,  # needs the `tensorboard` package
+            )
 
             writer = SummaryWriter(str(folder / "tensorboard"))
 
@@ -566,7 +569,7 @@ class Trainer:
         if self.cfg.wandb_project:
             import wandb
 
-            from trace_rl.config import load_yaml_file
+            from trace_rl.infra.config import load_yaml_file
 
             config = load_yaml_file(self.run_dir.config_path) if self.run_dir.config_path.is_file() else {}
             wandb.init(project=self.cfg.wandb_project, dir=str(folder), config=config)

@@ -33,7 +33,7 @@ from typing import Any
 
 from trace_rl.agent.tasks import loaders, multihop, toolmath, wiki
 from trace_rl.agent.types import Task, TaskSet
-from trace_rl.references import is_reference, resolve
+from trace_rl.infra.references import is_reference, resolve
 
 TASKSETS: dict[str, Callable[..., TaskSet]] = {
     "multihop": multihop.load,

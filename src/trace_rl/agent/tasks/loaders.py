@@ -746,7 +746,7 @@ def user_tools(names: Sequence[str]) -> dict[str, Any]:
     """The tools that `module:function` references among `names` name, by reference: a `Tool`, or a typed
     function made into one (`Tool.from_function`)."""
     from trace_rl.agent.tools import Tool
-    from trace_rl.references import is_reference, resolve
+    from trace_rl.infra.references import is_reference, resolve
 
     out = {}
     for name in names:

@@ -1,7 +1,7 @@
 """A user's own task set from records: a list of dicts or a JSONL / JSON / parquet file, with the user's
 reward function, tools and (for a policy that needs a warm start) a few-line oracle or recorded
 demonstrations. Nothing is registered inside the package: a config names the function that returns
-the task set (`task.name: my_tasks.py:shop`, `trace_rl.references`).
+the task set (`task.name: my_tasks.py:shop`, `trace_rl.infra.references`).
 
     def shop(split="train", num_tasks=None, seed=0):
         return task_set(ROWS, split=split, num_tasks=num_tasks, seed=seed, test_share=0.25,
@@ -32,7 +32,7 @@ from trace_rl.agent.tasks.loaders import (
 )
 from trace_rl.agent.tools import Tool
 from trace_rl.agent.types import OraclePolicy, Task, TaskSet
-from trace_rl.references import reference_of
+from trace_rl.infra.references import reference_of
 
 Records = Sequence[Mapping[str, Any]] | str | Path
 """Rows in memory, or a .jsonl / .json / .parquet file of them."""

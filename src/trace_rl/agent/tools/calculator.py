@@ -20,7 +20,7 @@ import operator
 import warnings
 from collections.abc import Callable
 
-from trace_rl.agent.tools import Tool, ToolInputError
+from trace_rl.agent.tools.base import Tool, ToolInputError
 
 MAX_EXPRESSION_CHARS = 500
 MAX_EXPONENT = 1000

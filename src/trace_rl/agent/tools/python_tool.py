@@ -12,7 +12,7 @@ import signal
 from typing import Literal
 
 from trace_rl.agent.sandbox import ExecResult, check_sandbox, run_python
-from trace_rl.agent.tools import Tool, ToolInputError, ToolTimeoutError
+from trace_rl.agent.tools.base import Tool, ToolInputError, ToolTimeoutError
 
 MAX_CODE_CHARS = 20_000
 """Longer programs are refused before they run (a model writing this much is stuck in a loop)."""

@@ -28,14 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from trace_rl.agent.tools import (
+from trace_rl.agent.tools.base import (
     Tool,
     ToolInputError,
     ToolTimeoutError,
     ToolUnavailableError,
 )
 from trace_rl.agent.types import Passage
-from trace_rl.http_deadline import exchange
+from trace_rl.infra.http_deadline import exchange
 
 TOKEN_PATTERN = r"(?u)\b\w+\b"
 """Single characters and digits are tokens too (bm25s's default drops them): '7', 'X' matter in our tasks."""
@@ -238,7 +238,7 @@ class RetrievalClient:
 
     def _exchange(self, body: bytes) -> tuple[int, bytes]:
         """One POST: (status, at most MAX_REPLY_BYTES + 1 bytes of body), all within `timeout_s`
-        (`trace_rl.http_deadline`); a body cut short raises IncompleteRead, which is retried."""
+        (`trace_rl.infra.http_deadline`); a body cut short raises IncompleteRead, which is retried."""
         limit = MAX_REPLY_BYTES + 1
         reply = exchange(self.url, body, {"Content-Type": "application/json"}, self.timeout_s, max_bytes=limit, max_error_bytes=limit)
         if reply.missing:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_rl.agent.types import Task
-from trace_rl.config import ConfigError
+from trace_rl.infra.config import ConfigError
 from trace_rl.integrations.verl.manager import TASK_KEY
 from trace_rl.run import RunConfig, build_env, load_tasks, task_splits
 

@@ -39,8 +39,16 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from trace_rl.engine.base import Completion, EngineError, FinishReason, SamplingParams, check_prompts, cut_at_stop, detokenize, server_seeds
-
+from trace_rl.engine.base import (
+    Completion,
+    EngineError,
+    FinishReason,
+    SamplingParams,
+    check_prompts,
+    cut_at_stop,
+    detokenize,
+    server_seeds,
+)
 
 BACKENDS = ("vllm", "sglang")
 """verl rollout backends (`actor_rollout_ref.rollout.name`) whose request keys `sampling_request` writes."""

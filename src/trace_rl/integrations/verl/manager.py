@@ -35,7 +35,7 @@ why the advantages travel as a field and `TracePPOTrainer` (trainer mode `trace`
 Validation batches (`validate` set) get `val_kwargs.n` (or the row's `__rollout_n__`) independent
 rollouts per prompt at `val_kwargs.temperature`, no allocation.
 
-The trace-rl side is a run config, named in verl's config as `+trace_rl.config=<yaml>` with optional
+The trace-rl side is a run config, named in verl's config as `+trace_rl.infra.config=<yaml>` with optional
 `+trace_rl.overrides=[key=value, ...]` and `+trace_rl.out=<folder>`: its rollout, method,
 predictor, estimator and env (tools, retrieval server) are the ones used. Each dataset row carries
 its task (`extra_info.trace_task`, the task as JSON, written by `trace-rl verl-data`), so train and
@@ -54,17 +54,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from trace_rl.advantage import advantage_metrics
 from trace_rl.agent.types import Task
-from trace_rl.config import ConfigError, load_config
+from trace_rl.core.advantage import advantage_metrics
+from trace_rl.core.tree import RolloutTree
+from trace_rl.infra.config import ConfigError, load_config
 from trace_rl.integrations.rows import ADVANTAGES, LEAF, REWARD, tree_rows
 from trace_rl.integrations.verl.engine import BACKENDS, LLMServerEngine
-from trace_rl.metrics import predictor_metrics, rollout_metrics
+from trace_rl.planning.metrics import predictor_metrics, rollout_metrics
 from trace_rl.predictor.base import backup_targets
-from trace_rl.rollout import TreeRolloutCollector
+from trace_rl.rollout.collector import TreeRolloutCollector
 from trace_rl.run import RunConfig, build_env, build_predictor, task_splits
-from trace_rl.rundir import RunDir
-from trace_rl.tree import RolloutTree
+from trace_rl.train.rundir import RunDir
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class TraceSettings:
     def from_verl(cls, config: Any) -> TraceSettings:
         section = config.get("trace_rl") if hasattr(config, "get") else None
         if not section or not section.get("config"):
-            raise ConfigError("verl config: trace_rl.config is not set; add +trace_rl.config=<trace-rl run config yaml>")
+            raise ConfigError("verl config: trace_rl.infra.config is not set; add +trace_rl.infra.config=<trace-rl run config yaml>")
         return cls(str(section["config"]), tuple(str(o) for o in section.get("overrides") or ()), section.get("out"))
 
 

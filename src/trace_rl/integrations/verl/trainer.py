@@ -29,12 +29,14 @@ import torch
 import transfer_queue as tq
 from tensordict import TensorDict
 from verl.protocol import DataProto
-from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+from verl.trainer.ppo.rollout_corr_helper import (
+    compute_rollout_correction_and_add_to_batch,
+)
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
 
-from trace_rl.config import ConfigError
+from trace_rl.infra.config import ConfigError
 from trace_rl.integrations.rows import ADVANTAGES
 
 TRAINER_MODE = "trace"

@@ -1,5 +1,5 @@
 """Splitting a batch's execution among workers, Ray-free: which trees each worker takes, the part it
-is sent, and how its result goes back into the batch (`ray_rollout.RayExecutor` uses these; so does
+is sent, and how its result goes back into the batch (`ray_workers.RayExecutor` uses these; so does
 the default suite's test that a split batch grows the same trees as a whole one)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from trace_rl.plan import Request
-from trace_rl.rollout import Batch
+from trace_rl.planning.planner import Request
+from trace_rl.rollout.collector import Batch
 
 
 def partition(batch: Batch, requests: Sequence[Request], workers: int) -> list[list[int]]:

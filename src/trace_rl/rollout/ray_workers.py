@@ -14,7 +14,7 @@ the main process, exact over the whole batch; each `run` (one stage's requests) 
   into the batch in tree order. Token counts add up; `timing_s/gen` and `timing_s/env` are the
   slowest worker's (the workers run at once), not the sum.
 - **The same trees.** Engine seeds derive from the execution's seed and the call's place in the loop
-  (`trace_rl.rollout.call_seed`), and the `hf` engine keys each sample on (seed, prompt, occurrence,
+  (`trace_rl.rollout.collector.call_seed`), and the `hf` engine keys each sample on (seed, prompt, occurrence,
   position), so the actors draw what the local collector draws, up to float rounding: a prefix
   served from a different cache can move logits by ~1e-6. `rollout/tokens_prefill` differs, since each
   worker's cache holds only its own trees' prefixes.
@@ -47,10 +47,10 @@ from typing import Any
 
 import ray
 
-from trace_rl.distributed.split import merge, part_of, partition
 from trace_rl.engine.base import Engine
-from trace_rl.plan import Request
-from trace_rl.rollout import Batch, RolloutRunner
+from trace_rl.planning.planner import Request
+from trace_rl.rollout.collector import Batch, RolloutRunner
+from trace_rl.rollout.split import merge, part_of, partition
 
 WorkerBuild = Callable[[], tuple[RolloutRunner, Any]]
 """Called inside each actor: its `RolloutRunner` (own engine, tokenizer, env, rollout config) and the

@@ -19,25 +19,23 @@ from typing import Literal
 
 import numpy as np
 
-from trace_rl.allocate import (
-    allocate_roots,
-    expand_for_prompts,
-    expand_prefixes,
+from trace_rl.core.baselines import (
     knapsack_roots,
     pcl_roots,
     random_prefixes,
     uniform_roots,
 )
-from trace_rl.config import FieldError, check_choice, check_range
-from trace_rl.mixing import (
+from trace_rl.core.mixing import (
     BraceConfig,
     PrefixPosterior,
     brace_groups,
     expand_expected,
     group_mixing,
 )
+from trace_rl.core.solvers import allocate_roots, expand_for_prompts, expand_prefixes
+from trace_rl.core.token_budget import allocate_roots_by_cost, expand_prefixes_by_cost
+from trace_rl.infra.config import FieldError, check_choice, check_range
 from trace_rl.predictor import PredictorKind, PromptEvidence
-from trace_rl.token_budget import allocate_roots_by_cost, expand_prefixes_by_cost
 
 MAX_BUDGET = 65_536
 """Most leaves one batch may hold: far above published RL batches (512 prompts x 16 rollouts is 8,192),
@@ -57,9 +55,9 @@ class AllocationSettings:
     `min_per_prompt` to `MAX_BUDGET`; with `budget_unit: tokens`, expected generated tokens per batch."""
     budget_unit: Literal["leaves", "tokens"] = "leaves"
     """`leaves`: every rollout costs one (the paper's budget). `tokens`: a rollout costs its expected
-    generated tokens, learnt from the trees so far (`trace_rl.token_budget.TokenCosts`: per depth, per
+    generated tokens, learnt from the trees so far (`trace_rl.core.token_budget.TokenCosts`: per depth, per
     task), so a continuation from a deep prefix is cheaper than a fresh rollout; both stages spend
-    `budget` tokens (exact solvers, `trace_rl.token_budget`) and a batch holds as many leaves as that
+    `budget` tokens (exact solvers, `trace_rl.core.token_budget`) and a batch holds as many leaves as that
     buys. For the methods whose allocators can (`MethodSpec.allocates_tokens`); Stage 2 then uses the
     `anchor` objective."""
     stage1_share: float = 0.5
@@ -77,7 +75,7 @@ class AllocationSettings:
     stage2_objective: Literal["anchor", "prompt"] = "anchor"
     """What TRACE's Stage 2 maximises: `anchor`, the paper's Σ over prefixes of the chance that an anchor
     turns mixed; `prompt`, the expected number of prompts that end mixed (what the effective ratio
-    counts: `trace_rl.allocate.expand_for_prompts`). `experiments/stage2_objective.py` compares them."""
+    counts: `trace_rl.core.solvers.expand_for_prompts`). `experiments/stage2_objective.py` compares them."""
     brace: BraceConfig = field(default_factory=BraceConfig)
     """The `brace` method's settings (group size, ε, τ, decay, warm bank, certified exclusion)."""
 
@@ -167,7 +165,7 @@ def brace_stage1(
     v: np.ndarray, budget: int, s: AllocationSettings, evidence: PromptEvidence | None = None, rng: np.random.Generator | None = None,
     *, costs: np.ndarray | None = None,
 ) -> np.ndarray:
-    """BRACE: groups of `brace.group_size` for the prompts `trace_rl.mixing.brace_groups` draws by the
+    """BRACE: groups of `brace.group_size` for the prompts `trace_rl.core.mixing.brace_groups` draws by the
     posterior expected chance that a group mixes; a budget the groups leave over goes one rollout at a
     time to the chosen prompts (to the candidates, if fewer prompts than groups)."""
     _no_costs("brace", costs)
@@ -227,7 +225,7 @@ class MethodSpec:
     """Stage 2: how the rest is spent as continuations from the bare rollouts' prefixes; None: no Stage 2,
     the whole budget goes to bare rollouts."""
     estimator: str
-    """Advantage estimator (`trace_rl.advantage.ESTIMATORS`) unless `train.advantage` names another."""
+    """Advantage estimator (`trace_rl.core.advantage.ESTIMATORS`) unless `train.advantage` names another."""
     predictor: PredictorKind
     """The success predictor the run trains and its allocators read (`trace_rl.predictor.PREDICTORS`)."""
     resample: Literal["dapo"] | None

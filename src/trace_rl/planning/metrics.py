@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from trace_rl.core.tree import RolloutTree, subtree_rewards
 from trace_rl.predictor.base import brier_score, expected_calibration_error
-from trace_rl.tree import RolloutTree, subtree_rewards
 
 FIGURES = ("effective_ratio", "effective_per_candidate", "mixed_budget_share", "anchor_mixed_ratio")
 """The `tree/*` figures tables lead with, reported together because each alone can flatter: filtering

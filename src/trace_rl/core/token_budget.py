@@ -8,7 +8,7 @@ the same objective as the leaf solvers under Σ c_i · m_i <= budget:
 - `allocate_roots_by_cost`: Σ root_value(v_i, m_i), m_i ∈ {0} ∪ [min_per_prompt, max_per_prompt];
 - `expand_prefixes_by_cost`: Σ prefix_value(v_c, r_c, k_c), 0 <= k_c <= max_per_prefix.
 
-With costs the threshold rule of `trace_rl.allocate` is no longer optimal (a knapsack: a cheap
+With costs the threshold rule of `trace_rl.core.solvers` is no longer optimal (a knapsack: a cheap
 item of lower gain may beat a dear one of higher gain), so both are solved by dynamic programming
 over the budget in whole cost units, exact for the stated objective (large batches: a plan within a
 stated bound of it, see "Work" below):
@@ -50,9 +50,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from trace_rl.allocate import _outcomes, _per_prompt_bounds, _probabilities, _whole
-from trace_rl.contrast import prefix_value, root_value
-from trace_rl.tree import RolloutTree
+from trace_rl.core.contrast import prefix_value, root_value
+from trace_rl.core.solvers import _outcomes, _per_prompt_bounds, _probabilities, _whole
+from trace_rl.core.tree import RolloutTree
 
 TOKEN_RESOLUTION = 1024
 """Cost units a stage's token budget is cut into: finer is closer to the true costs, and the DP's

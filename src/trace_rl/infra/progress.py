@@ -14,8 +14,15 @@ from contextlib import contextmanager
 from typing import Any, TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 MIN_ELAPSED_S = 1.0
 """A log line states a rate and a time left only once its task has run this long."""

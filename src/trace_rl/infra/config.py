@@ -23,7 +23,7 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
-from trace_rl.references import is_reference
+from trace_rl.infra.references import is_reference
 
 T = TypeVar("T")
 
@@ -517,7 +517,7 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
 
 
 # ---------------------------------------------------------------- the run config
-# Sections that belong to one component are declared beside it (RolloutConfig in rollout.py,
+# Sections that belong to one component are declared beside it (RolloutConfig in rollout/collector.py,
 # PredictorConfig in predictor/hashed.py, SFTConfig in train/sft.py, TrainConfig in
 # train/trainer.py); the run-level ones are here.
 

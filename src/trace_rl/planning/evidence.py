@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from trace_rl.mixing import PrefixPosterior, fit_repeat_concentration
-from trace_rl.tree import RolloutTree
+from trace_rl.core.mixing import PrefixPosterior, fit_repeat_concentration
+from trace_rl.core.tree import RolloutTree
 
 PRIOR_STRENGTHS = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, np.inf)
 """The grid of κ the fit chooses from (∞: the paper's value)."""
@@ -56,7 +56,7 @@ def bare_evidence(trees: Sequence[RolloutTree], prefixes: Sequence[tuple[int, in
     """The evidence of each (tree index, node id) prefix, from the finished bare rollouts (those that
     started at the root) of its tree; a success is a reward above `threshold`. Continuations already
     in the tree are not counted, so the same numbers come out before and after Stage 2 ran. A prefix
-    whose bare rollout did not finish has r = 0, as `trace_rl.plan` reads its NaN backup."""
+    whose bare rollout did not finish has r = 0, as `trace_rl.planning.planner` reads its NaN backup."""
     per_tree: dict[int, tuple[dict[int, float], float, int]] = {}
     depth, outcome, successes, count = [], [], [], []
     for index, node_id in prefixes:
@@ -111,7 +111,7 @@ class Stage2Evidence:
         self.min_examples, self.capacity, self.min_groups = min_examples, capacity, min_groups
         self.prior_strength, self.prompt_weight = float(np.inf), 0.0
         self.concentration = float(np.inf)
-        """ν of a prefix's continuations (`trace_rl.mixing`), fitted on the run's groups of them once
+        """ν of a prefix's continuations (`trace_rl.core.mixing`), fitted on the run's groups of them once
         `min_groups` are seen (np.inf before: independent draws, the paper's model)."""
         self._seen = np.zeros((0, 6))  # columns: ṽ, depth, r, s, n, continuation outcome
         self._groups = np.zeros((0, 5))  # per prefix with >= 2 continuations: posterior mean, strength, r, k, all repeated r

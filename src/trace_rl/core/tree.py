@@ -63,7 +63,7 @@ class Node:
     """The predictor's success estimate here when the allocator looked at this node."""
     stage2_value: float | None = None
     """The estimate Stage 2 allocated with here when it was not `predicted` (`rollout.stage2_evidence`:
-    the posterior on the batch's bare rollouts, `trace_rl.evidence`)."""
+    the posterior on the batch's bare rollouts, `trace_rl.planning.evidence`)."""
     budget: int = 0
     """Rollouts the allocator gave this node (root: Stage 1's m_i; prefix: Stage 2's k)."""
     rollout_start: int = 0

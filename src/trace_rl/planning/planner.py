@@ -4,8 +4,8 @@ The `Planner` owns the two-stage sequence and its optional state (the token cost
 Stage 2's evidence model): it reads trees, the success estimates of the nodes it may spend on and the
 method's allocators, writes each node's `predicted` and `budget`, and yields `Request`s (start
 `count` rollouts at node `node` of tree `tree`). It never generates, steps an env or looks at
-tokens, so the training collector (`trace_rl.rollout`, whose Ray executor only executes), and the
-allocation benchmark on the simulator (`trace_rl.bench`) run this same code:
+tokens, so the training collector (`trace_rl.rollout.collector`, whose Ray executor only executes), and the
+allocation benchmark on the simulator (`trace_rl.research.bench`) run this same code:
 
     planner = Planner(method, settings, costs=..., evidence=...)
     for requests in planner.plan(trees, values, rng):    # Stage 1, then (two-stage methods) Stage 2
@@ -22,7 +22,7 @@ prefix, or every one at `max_per_prefix`) goes round-robin to the prompts alread
 batch always holds exactly `budget` leaves.
 
 Under a token budget (`settings.budget_unit == "tokens"`) both stages also take each candidate's
-expected cost in generated tokens (`costs`, from `trace_rl.token_budget.TokenCosts`) and spend
+expected cost in generated tokens (`costs`, from `trace_rl.core.token_budget.TokenCosts`) and spend
 expected tokens instead of leaves; Stage-2 tokens no prefix takes buy bare rollouts at the sampled
 prompts' mean fresh cost (`fresh_costs`), so the number of leaves is whatever the tokens buy.
 
@@ -41,17 +41,17 @@ from typing import Any, Literal
 
 import numpy as np
 
-from trace_rl.evidence import Stage2Evidence
-from trace_rl.methods import (
+from trace_rl.core.mixing import PrefixPosterior
+from trace_rl.core.token_budget import TokenCosts
+from trace_rl.core.tree import RolloutTree
+from trace_rl.planning.evidence import Stage2Evidence
+from trace_rl.planning.methods import (
     AllocationSettings,
     MethodSpec,
     expand_stage2,
     uniform_stage1,
 )
-from trace_rl.mixing import PrefixPosterior
 from trace_rl.predictor.base import PromptEvidence
-from trace_rl.token_budget import TokenCosts
-from trace_rl.tree import RolloutTree
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 `root_value` is Stage 1's objective (chance that a prompt's rollouts disagree) and `prefix_value` is
 Stage 2's (chance that at least one continuation from a prefix flips the observed outcome). The
-allocators in `trace_rl.allocate` maximise sums of these, and their exactness proofs rest on the
+allocators in `trace_rl.core.solvers` maximise sums of these, and their exactness proofs rest on the
 gains: both never increase with the count (Stage 1's from the first rollout on; the zero gain of that
 first rollout is what makes a prompt's first pair one lumpy item).
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trace_rl.tree import RolloutTree
+from trace_rl.core.tree import RolloutTree
 
 HOP_OFFSETS = (1.2, 0.4, -0.4, -1.2)
 """Log-odds offset of 1- to 4-hop questions: more hops, harder."""

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike
 
-from trace_rl.config import FieldError, check_range
+from trace_rl.infra.config import FieldError, check_range
 
 PUBLISHED_CONCENTRATION = 0.285
 """BRACE's ν (ρ = 0.78), fitted on its tool-use agents' first groups; `BraceBank` starts from it until

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trace_rl.tree import RolloutTree, subtree_rewards
+from trace_rl.core.tree import RolloutTree, subtree_rewards
 
 _NONZERO_ATOL = 1e-12  # advantages are O(1); anything this small is round-off, not signal
 

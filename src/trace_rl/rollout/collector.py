@@ -1,6 +1,6 @@
 """TreeRolloutCollector: executes a batch's plan, so a batch of rollout trees holds exactly its budget.
 
-The planner (`trace_rl.plan`) decides where rollouts start; the collector does the rest, in the
+The planner (`trace_rl.planning.planner`) decides where rollouts start; the collector does the rest, in the
 order of DESIGN.md §2:
 
 1. predict root success for every task, Stage 1 of the `Planner`, and sample the *bare rollouts*
@@ -10,8 +10,8 @@ order of DESIGN.md §2:
    sample continuations from each chosen prefix (its env is restored from the snapshot taken when the
    prefix was made; its `k` first turns share one prefill).
 
-What a method does is its `MethodSpec` (`trace_rl.methods`); the collector plans, in this process,
-and an `Executor` executes the requests: `RolloutRunner` here (the default), or `trace_rl.distributed`'s
+What a method does is its `MethodSpec` (`trace_rl.planning.methods`); the collector plans, in this process,
+and an `Executor` executes the requests: `RolloutRunner` here (the default), or `trace_rl.rollout`'s
 Ray workers (`rollout.backend: ray`), each running a `RolloutRunner` on some of the trees. Generation
 is batched across all in-flight rollouts, one turn at a time; the tool calls of a round run
 concurrently in a thread pool (tools are I/O or subprocess bound). Everything one `collect` keeps
@@ -38,10 +38,12 @@ import numpy as np
 
 from trace_rl.agent.env import Env, EnvSnapshot, StepResult
 from trace_rl.agent.types import Task
-from trace_rl.config import FieldError, check_choice, check_range
+from trace_rl.core.token_budget import TokenCosts
+from trace_rl.core.tree import History, RolloutTree
 from trace_rl.engine.base import Completion, Engine, SamplingParams
-from trace_rl.evidence import Stage2Evidence
-from trace_rl.methods import (
+from trace_rl.infra.config import FieldError, check_choice, check_range
+from trace_rl.planning.evidence import Stage2Evidence
+from trace_rl.planning.methods import (
     METHODS,
     AllocationSettings,
     MethodName,
@@ -49,11 +51,9 @@ from trace_rl.methods import (
     expand_stage2,
     get_method,
 )
-from trace_rl.metrics import tree_metrics
-from trace_rl.plan import Planner, Request
+from trace_rl.planning.metrics import tree_metrics
+from trace_rl.planning.planner import Planner, Request
 from trace_rl.predictor.base import KnowsPrompts, SuccessPredictor
-from trace_rl.token_budget import TokenCosts
-from trace_rl.tree import History, RolloutTree
 
 SAMPLE_WAVE = 128
 """Most rollouts `TreeRolloutCollector.sample` keeps in flight at once. A rollout's next turn reuses
@@ -68,7 +68,7 @@ class RolloutConfig(AllocationSettings):
     `AllocationSettings`, the fields before these)."""
 
     method: MethodName = "trace"
-    """The method (`trace_rl.methods.METHODS`): grpo | prompt_only | knapsack | pcl | random_tree | dapo |
+    """The method (`trace_rl.planning.methods.METHODS`): grpo | prompt_only | knapsack | pcl | random_tree | dapo |
     brace | trace_stage1 | trace_stage2 | trace."""
     max_new_tokens: int = 64
     """Tokens per turn."""
@@ -84,16 +84,16 @@ class RolloutConfig(AllocationSettings):
     """TRACE's Stage 2 allocates with each prefix's success estimate updated on the batch's bare
     rollouts (the outcome of the one through the prefix, its prompt's successes), a Beta posterior
     with the predictor's estimate as prior whose strength is fitted on the run's past continuations
-    (`trace_rl.evidence`); false: the paper's value, the predictor's estimate alone. Either way a
+    (`trace_rl.planning.evidence`); false: the paper's value, the predictor's estimate alone. Either way a
     run logs how both score on its continuations (`stage2/brier_predictor`, `stage2/brier_evidence`)."""
     stage2_expected: bool = False
     """With `stage2_evidence`: Stage 2 values a prefix by the posterior expectation of the chance that its
     anchor turns mixed, under that Beta posterior and a correlation between one prefix's continuations
-    fitted on the run's own groups of them (`trace_rl.mixing.expand_expected`), instead of plugging the
+    fitted on the run's own groups of them (`trace_rl.core.mixing.expand_expected`), instead of plugging the
     posterior mean into the paper's value. Exact solver either way."""
     backend: Literal["local", "ray"] = "local"
     """Where rollouts are executed: `local` in this process, or `ray` on `workers` Ray actors (extra
-    `ray`, `trace_rl.distributed`), each with its own engine and env. Planning stays here either way, and
+    `ray`, `trace_rl.rollout`), each with its own engine and env. Planning stays here either way, and
     the same seed gives the same trees."""
     workers: int = 1
     """Ray actors that execute rollouts (`backend: ray`); each takes whole trees, so the branches of a
@@ -219,7 +219,7 @@ class TreeRolloutCollector:
     and observations are tokenized with it, so the engine works on token ids end to end. `env` is
     any `Env`; each rollout runs in its own `env.spawn()`. `executor` executes the plans (default: a
     `RolloutRunner` on `engine` and `env` here; `rollout.backend: ray` needs one from
-    `trace_rl.distributed`, which `trace_rl.run.build_parts` passes).
+    `trace_rl.rollout`, which `trace_rl.run.build_parts` passes).
     """
 
     def __init__(
@@ -234,7 +234,7 @@ class TreeRolloutCollector:
         executor: Executor | None = None,
     ) -> None:
         if executor is None and config.backend != "local":
-            raise ValueError(f"rollout.backend={config.backend!r} needs its executor (trace_rl.distributed.ray_rollout.RayExecutor), as trace_rl.run.build_parts passes")
+            raise ValueError(f"rollout.backend={config.backend!r} needs its executor (trace_rl.rollout.ray_workers.RayExecutor), as trace_rl.run.build_parts passes")
         self.engine = engine
         self.tokenizer = tokenizer
         self.env = env
@@ -280,7 +280,7 @@ class TreeRolloutCollector:
 
     def collect(self, tasks: Sequence[Task], *, per_tree: bool = False) -> RolloutBatch:
         """One batch of trees holding exactly `budget` leaves; with `per_tree`, every tree holds exactly
-        `budget` leaves, planned alone (`trace_rl.plan`: a fixed group size, as TRL's `num_generations`).
+        `budget` leaves, planned alone (`trace_rl.planning.planner`: a fixed group size, as TRL's `num_generations`).
         Under a token budget a batch (or tree) spends `budget` expected tokens instead, and holds the
         leaves they buy."""
         if not tasks:

@@ -4,7 +4,7 @@
       config.yaml              the full config the run trains with
       config.step_XXXX.yaml    the config before a resume at step XXXX changed it (see `archive_config`)
       metrics.jsonl            one JSON object per step (`step` first), appended as the run goes
-      trees/step_XXXX.jsonl    every tree a step sampled (`trace_rl.tree.write_jsonl`)
+      trees/step_XXXX.jsonl    every tree a step sampled (`trace_rl.core.tree.write_jsonl`)
       checkpoints/step_XXXX.pt the last two checkpoints; `checkpoints/latest` names the newest. Each holds
                                the config its steps were trained with and its step's metrics record
       code.json                the code the run was started with (`record_code`)
@@ -54,21 +54,19 @@ import lzma
 import os
 import re
 import subprocess
-import sys
 import tarfile
-import tempfile
 import warnings
 import zipfile
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from trace_rl.config import ConfigError
-from trace_rl.tree import RolloutTree, write_jsonl
+from trace_rl.core.tree import RolloutTree, write_jsonl
+from trace_rl.infra.config import ConfigError
 
 _STEP_FILE = re.compile(r"step_(\d+)\.jsonl$")
 _CHECKPOINT = re.compile(r"step_(\d+)\.pt")
@@ -237,7 +235,7 @@ class RunDir:
     # ------------------------------------------------------------ config
 
     def write_config(self, config: Any) -> None:
-        from trace_rl.config import dump_yaml
+        from trace_rl.infra.config import dump_yaml
 
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write(self.config_path, lambda tmp: dump_yaml(config, tmp))
@@ -689,34 +687,10 @@ def code_version() -> dict[str, str | None]:
         package = version("trace-rl")
     except PackageNotFoundError:
         package = None
-    source = Path(__file__).resolve().parent
+    source = Path(__file__).resolve().parents[1]  # the trace_rl package
     try:
         commit = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True).stdout.strip()
         dirty = subprocess.run(["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no", "."], capture_output=True, text=True, timeout=10, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return {"trace_rl": package, "commit": None}
     return {"trace_rl": package, "commit": commit + ("+dirty" if dirty else "")}
-
-
-@contextmanager
-def code_at(commit: str, paths: Sequence[str] = ("src",), *, repo: str | Path | None = None) -> Iterator[Path]:
-    """A temporary folder holding `paths` of the git repository `repo` (default: the one this package
-    lives in) as they were at `commit` (`git archive`), removed on exit: to run a run folder's own
-    code (`code.json`) or time an older commit beside today's. Put `<folder>/src` on PYTHONPATH."""
-    root = Path(repo) if repo is not None else Path(__file__).resolve().parents[2]
-    archive = subprocess.run(["git", "-C", str(root), "archive", commit, *paths], capture_output=True, check=False)
-    if archive.returncode:
-        raise ValueError(f"git cannot show {list(paths)} at {commit!r} in {root}: {archive.stderr.decode(errors='replace').strip()}")
-    with tempfile.TemporaryDirectory() as folder:
-        subprocess.run(["tar", "-x", "-C", folder], input=archive.stdout, check=True)
-        yield Path(folder)
-
-
-def train_with(src: str | Path, config: str | Path, overrides: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """`trace-rl train` of `config` (with dotted `overrides`) run by the trace_rl package under `src`
-    (a `code_at` folder's `src`, or today's) in a fresh process, into a temporary run folder; the
-    records of its `metrics.jsonl`. Its progress goes to this process's stderr."""
-    with tempfile.TemporaryDirectory() as out:
-        command = [sys.executable, "-m", "trace_rl", "train", "--config", str(config), "--out", f"{out}/run", *overrides]
-        subprocess.run(command, env={**os.environ, "PYTHONPATH": str(src)}, check=True, stdout=subprocess.DEVNULL)
-        return read_metrics(Path(out) / "run" / "metrics.jsonl")

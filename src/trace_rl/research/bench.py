@@ -1,9 +1,9 @@
 """Allocation-quality benchmark: the registry's methods at equal budget on the latent-tree simulator,
-planned by the same code that plans training batches (`trace_rl.plan`).
+planned by the same code that plans training batches (`trace_rl.planning.planner`).
 
 Each batch draws `prompts_per_batch` fresh prompts; every row gets the same prompts and spends
 exactly `budget` leaves on them (a continuation from a prefix counts as one leaf). A row is a method
-of `trace_rl.methods.METHODS`, run as in training (its own predictor, learning online from its own
+of `trace_rl.planning.methods.METHODS`, run as in training (its own predictor, learning online from its own
 trees), or a method fed other values, written `method@values`:
 
 - `@oracle`: the true success probability of every root and prefix;
@@ -36,11 +36,13 @@ from typing import Any
 
 import numpy as np
 
-from trace_rl.config import from_dict
-from trace_rl.evidence import Stage2Evidence
-from trace_rl.methods import AllocationSettings, expand_stage2, get_method
-from trace_rl.metrics import FIGURES, predictor_metrics, tree_metrics
-from trace_rl.plan import Planner, Request
+from trace_rl.core.token_budget import TokenCosts
+from trace_rl.core.tree import RolloutTree
+from trace_rl.infra.config import from_dict
+from trace_rl.planning.evidence import Stage2Evidence
+from trace_rl.planning.methods import AllocationSettings, expand_stage2, get_method
+from trace_rl.planning.metrics import FIGURES, predictor_metrics, tree_metrics
+from trace_rl.planning.planner import Planner, Request
 from trace_rl.predictor import (
     KnowsPrompts,
     PredictorConfig,
@@ -49,9 +51,7 @@ from trace_rl.predictor import (
     brier_score,
     build_predictor,
 )
-from trace_rl.sim import LatentTreeSimulator, SimConfig, SimPrompt
-from trace_rl.token_budget import TokenCosts
-from trace_rl.tree import RolloutTree
+from trace_rl.research.sim import LatentTreeSimulator, SimConfig, SimPrompt
 
 ROWS: tuple[str, ...] = (
     "grpo",
@@ -154,7 +154,7 @@ ValueFn = Callable[[list[RolloutTree], Sequence[tuple[int, int]]], np.ndarray]
 def run_benchmark(**config: Any) -> dict[str, Any]:
     """Run the benchmark and return its JSON-ready result. Keys are `BenchConfig` fields; `sim` and
     `predictor` may be mappings of their fields; a key given as None keeps its default (so a CLI can
-    pass unset flags). Raises `trace_rl.config.ConfigError` (a ValueError) for unknown keys or bad values.
+    pass unset flags). Raises `trace_rl.infra.config.ConfigError` (a ValueError) for unknown keys or bad values.
 
     Seeds run in `workers` processes; the result does not depend on `workers`.
     """
@@ -317,7 +317,7 @@ def _value_fn(
 
 
 def _calibration(trees: list[RolloutTree]) -> dict[str, float]:
-    """`predictor/brier` and `predictor/ece` as training logs them (`trace_rl.metrics.predictor_metrics`),
+    """`predictor/brier` and `predictor/ece` as training logs them (`trace_rl.planning.metrics.predictor_metrics`),
     and `predictor/mse_true`: squared error against the true probability, one per node the allocator
     looked at, filtered-out prompts included (only the simulator knows it)."""
     figures = {k: v for k, v in predictor_metrics(trees).items() if k in ("predictor/brier", "predictor/ece")}

@@ -23,10 +23,18 @@ from typing import Any
 
 import numpy as np
 
-from trace_rl.config import MAX_SEED, FieldError, check_choice, check_range, from_dict, set_dotted, to_dict
-from trace_rl.methods import METHODS
+from trace_rl.infra.config import (
+    MAX_SEED,
+    FieldError,
+    check_choice,
+    check_range,
+    from_dict,
+    set_dotted,
+    to_dict,
+)
+from trace_rl.planning.methods import METHODS
 from trace_rl.run import RunConfig
-from trace_rl.rundir import START, RunDir, atomic_write
+from trace_rl.train.rundir import START, RunDir, atomic_write
 from trace_rl.train.trainer import StopRequest
 
 Job = Callable[[RunConfig, Path, "StopRequest | None"], None]
