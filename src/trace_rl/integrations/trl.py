@@ -226,8 +226,7 @@ class TraceState(TrainerCallback):
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         folder.mkdir(parents=True, exist_ok=True)
-        data = checkpoint_data({"step": state.global_step, "predictor": self.rollout.collector.predictor.state_dict(),
-                                "collector": self.rollout.collector.state_dict()})
+        data = checkpoint_data({"step": state.global_step, **self.rollout.collector.checkpoint_state()})
         atomic_write(folder / STATE_FILE, lambda tmp: torch.save(data, tmp))
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -238,8 +237,7 @@ class TraceState(TrainerCallback):
             raise FileNotFoundError(f"resuming at step {state.global_step}, but {path} is missing: the predictor and the "
                                     "sampling RNG of those steps are not there (resume from a checkpoint TraceGRPOTrainer wrote in output_dir)")
         saved = torch.load(path, map_location="cpu", weights_only=True)
-        self.rollout.collector.predictor.load_state_dict(saved["predictor"])
-        self.rollout.collector.load_state_dict(saved["collector"])
+        self.rollout.collector.restore_checkpoint_state(saved)
 
 
 class TraceGRPOTrainer(GRPOTrainer):

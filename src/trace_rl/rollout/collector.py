@@ -276,6 +276,17 @@ class TreeRolloutCollector:
         self.rng.bit_generator.state = state["rng"]
         self.planner.load_state_dict(state)
 
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What every checkpoint of the rollout side holds, under the keys they all use: the predictor's
+        state (`predictor`) and this collector's (`collector`). The trainer, the TRL callback and the
+        verl manager each add their own entries beside these."""
+        return {"predictor": self.predictor.state_dict(), "collector": self.state_dict()}
+
+    def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
+        """The predictor and the collector as `checkpoint_state` saved them."""
+        self.predictor.load_state_dict(state["predictor"])
+        self.load_state_dict(state["collector"])
+
     # ------------------------------------------------------------------ the two stages
 
     def collect(self, tasks: Sequence[Task], *, per_tree: bool = False) -> RolloutBatch:

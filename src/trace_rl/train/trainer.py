@@ -514,10 +514,9 @@ class Trainer:
             "step": self.step,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "predictor": self.setup.predictor.state_dict(),
+            **self.setup.collector.checkpoint_state(),
             "references": self.references.state_dict(),
             "trainer_rng": self.rng.bit_generator.state,
-            "collector": self.setup.collector.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "totals": dict(self.totals),
         }
@@ -535,10 +534,9 @@ class Trainer:
         checkpoint if it was lost); returns its step."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.setup.predictor.load_state_dict(state["predictor"])
+        self.setup.collector.restore_checkpoint_state(state)
         self.references.load_state_dict(state["references"])
         self.rng.bit_generator.state = state["trainer_rng"]
-        self.setup.collector.load_state_dict(state["collector"])
         torch.set_rng_state(state["torch_rng"])
         self.totals = dict(state["totals"])
         self.step = int(state["step"])

@@ -207,8 +207,7 @@ class TraceAgentLoopManager:
                 f"not {step - 1}: the predictor would not be the one those steps trained. Resume verl from one of those steps"
             )
         state = self.out.read_checkpoint(step - 1)
-        self.predictor.load_state_dict(state["predictor"])
-        self.collector.load_state_dict(state["collector"])
+        self.collector.restore_checkpoint_state(state)
         record = state.get("record")
         self.out.rewind(step - 1, json.loads(record) if isinstance(record, str) else None)
         logger.info("trace-rl: restored the manager's state of step %d from %s", step - 1, self.out.path)
@@ -218,8 +217,7 @@ class TraceAgentLoopManager:
         """The manager's state after `step` into `trace_rl.out`; keeps verl's checkpoint steps and the newest."""
         if self.out is None:
             return
-        self.out.save_checkpoint({"step": step, "predictor": self.predictor.state_dict(), "collector": self.collector.state_dict()},
-                                 step, keep=None)
+        self.out.save_checkpoint({"step": step, **self.collector.checkpoint_state()}, step, keep=None)
         for old, path in self.out.checkpoint_files().items():
             if old != step and not (self.save_freq > 0 and old % self.save_freq == 0):
                 path.unlink()
