@@ -72,3 +72,13 @@ def not_an_env(taskset: TaskSet) -> object:
 
 
 assert trace_rl.Env  # the protocol HintEnv implements
+
+
+def always_paid(task: Task, answer: str) -> float:
+    return 1.0
+
+
+def presolved(split: str = "train", num_tasks: int | None = None, seed: int = 0) -> TaskSet:
+    """Questions whose reward pays any answer: BRACE's certified exclusion leaves none to train on."""
+    rows = [{"question": f"Say anything ({i}).", "answer": "x"} for i in range(20)]
+    return trace_rl.task_set(rows, name="presolved", split=split, num_tasks=num_tasks, seed=seed, test_share=0.25, scorer=always_paid)

@@ -212,3 +212,10 @@ def test_a_config_naming_an_env_of_your_own_trains_through_the_cli(tmp_path):
     trees = [json.loads(line) for line in (out / "trees" / "step_0001.jsonl").read_text().splitlines()]
     observations = [node["info"].get("observation", "") for tree in trees for node in tree["nodes"] if node.get("info")]
     assert any(o.startswith("hint:") for o in observations) and all(o == "" or o.startswith("hint:") for o in observations)  # HintEnv's steps
+
+
+def test_a_brace_run_with_every_task_certified_useless_stops_before_any_folder(tmp_path):
+    config = load_config(RunConfig, None, [f"task.name={OWN_ENV}:presolved", "model.warm_start=false", "model.name=smollm2-135m",
+                                           "rollout.method=brace", "rollout.brace.exclude_certified=true"])
+    with pytest.raises(ConfigError, match="all 15 train tasks are certified useless"):
+        check_trainable(config)

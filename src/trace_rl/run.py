@@ -360,8 +360,9 @@ def build_trainer(config: RunConfig, parts: Parts, run_dir: str | Path | RunDir)
 
 
 def check_trainable(config: RunConfig) -> None:
-    """ConfigError unless the configured engine can receive the trainer's weights and a warm start has
-    demonstrations to learn from (before any work, before the run folder is made)."""
+    """ConfigError unless the configured engine can receive the trainer's weights, a warm start has
+    demonstrations to learn from (in an env it can write them for), and BRACE's certified exclusion
+    leaves a task to train on (before any work, before the run folder is made)."""
     if config.model.warm_start and (config.task.name.startswith("file:") or is_reference(config.task.name)):
         demos = task_splits(config)[0]
         if demos.oracle is None:
@@ -372,6 +373,10 @@ def check_trainable(config: RunConfig) -> None:
             )
     if config.model.warm_start and config.task.env is not None:
         demo_env(config, task_splits(config)[0])
+    if config.rollout.method == "brace" and config.rollout.brace.exclude_certified:
+        train = task_splits(config)[1]
+        if len(certified_useless(train.tasks, score, config.rollout.success_threshold)) == len(train.tasks):
+            raise ConfigError(f"rollout.brace.exclude_certified: all {len(train.tasks)} train tasks are certified useless by their scorer (pre-solved or unsatisfiable)")
     if config.engine.name == "openai":
         if config.engine.weight_sync == "none":
             raise ConfigError(
@@ -389,11 +394,17 @@ def run_label(path: Path, method: str) -> str:
     return f"{path.name} {method}"
 
 
-def build_parts(config: RunConfig, *, progress: Callable[[int, float], None] | None = None, run_dir: Path | None = None) -> Parts:
-    """Load the task splits, build the env, load the policy and wire the collector. The policy is what
-    `policy_source` gives: the warm start, made here after every check that needs no model, unless
-    cached (`trace-rl warm-start` makes it ahead, as its own step). `run_dir`: the folder the run
-    writes (a warm bank never reads it)."""
+def build_parts(
+    config: RunConfig,
+    *,
+    source: str | None = None,
+    progress: Callable[[int, float], None] | None = None,
+    run_dir: Path | None = None,
+) -> Parts:
+    """Load the task splits, build the env, load the policy and wire the collector. `source` is what
+    `policy_source` gave (the warm-start step's folder, or `model.name`): `train_run` takes that step
+    first, on its own; None takes it here (cached after the first time, reporting to `progress`).
+    `run_dir`: the folder the run writes (a warm bank never reads it)."""
     import torch
 
     from trace_rl.models import load_policy
@@ -404,12 +415,10 @@ def build_parts(config: RunConfig, *, progress: Callable[[int, float], None] | N
     test = load_tasks(config.task, "test", config.task.test_tasks)
     env = build_env(config, train)
     if config.rollout.method == "brace" and config.rollout.brace.exclude_certified:
-        useless = certified_useless(train.tasks, score, config.rollout.success_threshold)
-        if len(useless) == len(train.tasks):
-            raise ConfigError(f"rollout.brace.exclude_certified: all {len(train.tasks)} train tasks are certified useless by their scorer (pre-solved or unsatisfiable)")
+        useless = certified_useless(train.tasks, score, config.rollout.success_threshold)  # not all: check_trainable
         train = replace(train, tasks=[t for t in train.tasks if t.task_id not in useless], meta={**train.meta, "brace_excluded": useless})
     model = config.model
-    name = policy_source(config, demos, env, progress=progress)
+    name = source if source is not None else policy_source(config, demos, env, progress=progress)
     policy = load_policy(name, seed=config.seed, dtype=model.dtype, device=model.device, lora=lora_spec(model))
     check_context_room(config, policy.tokenizer, env, (train, test))
     engine = build_engine(config.engine, policy)
@@ -633,7 +642,8 @@ def train_run(
         folder.write_config(config)
         from trace_rl.infra.progress import warm_start_progress
 
-        parts = build_parts(config, progress=warm_start_progress(bar, config.sft.steps), run_dir=folder.path)
+        source = policy_source(config, progress=warm_start_progress(bar, config.sft.steps))  # the warm-start step (cached)
+        parts = build_parts(config, source=source, run_dir=folder.path)
         trainer = build_trainer(config, parts, folder)
         if state is not None:
             trainer.restore(state)
