@@ -21,4 +21,4 @@ trace-rl verl-data --config "$CONFIG" --out "$DATA"
 mapfile -t OVERRIDES < <(grep -v -E '^[[:space:]]*(#|$)' configs/gpu/verl_qwen3_8b.overrides)
 exec python -m verl.trainer.main_ppo "${OVERRIDES[@]}" \
   data.train_files="$DATA/train.parquet" data.val_files="$DATA/test.parquet" \
-  +trace_rl.infra.config="$CONFIG" +trace_rl.out="$OUT" "$@"
+  +trace_rl.config="$CONFIG" +trace_rl.out="$OUT" "$@"

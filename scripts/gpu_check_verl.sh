@@ -25,7 +25,7 @@ python -m verl.trainer.main_ppo "${OVERRIDES[@]}" \
   actor_rollout_ref.rollout.gpu_memory_utilization=0.4 actor_rollout_ref.rollout.agent.num_workers=1 \
   trainer.n_gpus_per_node=1 trainer.total_training_steps=2 trainer.test_freq=-1 trainer.save_freq=-1 \
   trainer.val_before_train=False trainer.experiment_name=gpu_check \
-  +trace_rl.infra.config=configs/smoke.yaml "+trace_rl.overrides=[$(printf "'%s'," "${TRACE[@]}" | sed 's/,$//')]" +trace_rl.out="$WORK/trace" \
+  +trace_rl.config=configs/smoke.yaml "+trace_rl.overrides=[$(printf "'%s'," "${TRACE[@]}" | sed 's/,$//')]" +trace_rl.out="$WORK/trace" \
   2>&1 | tee "$WORK/verl.log"
 python - "$WORK/trace/metrics.jsonl" <<'PY'
 import json, sys

@@ -450,7 +450,7 @@ def test_the_manager_refuses_a_budget_other_than_verls_rows(run_yaml, world):
     too_short.data.max_prompt_length, too_short.data.max_response_length = 512, 512
     with pytest.raises(ConfigError, match="max_context_tokens=.* exceeds verl's"):
         TraceAgentLoopManager(too_short, llm_client=None, tokenizer=world[2])
-    with pytest.raises(ConfigError, match="trace_rl.infra.config is not set"):
+    with pytest.raises(ConfigError, match="trace_rl.config is not set"):
         TraceAgentLoopManager(OmegaConf.create({"data": {}}), llm_client=None, tokenizer=world[2])
 
 
@@ -468,7 +468,7 @@ def test_the_gpu_recipe_composes_into_verls_config_and_agrees_with_its_trace_rl_
     recipe = REPO / "configs/gpu/qwen3_8b_search.yaml"
     with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
         config = compose(config_name="ppo_trainer", overrides=[*overrides, "data.train_files=t.parquet", "data.val_files=v.parquet",
-                                                              f"+trace_rl.infra.config={recipe}", "+trace_rl.overrides=['task.name=multihop']"])
+                                                              f"+trace_rl.config={recipe}", "+trace_rl.overrides=['task.name=multihop']"])
     run = load_config(RunConfig, recipe, ["task.name=multihop", "task.options={}"])  # the recipe's file: task needs Search-R1's data
     check_verl_config(config, run)
     assert config.trainer.use_v1 and config.trainer.v1.trainer_mode == "trace"

@@ -329,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.set_defaults(func=_rollout)
 
     verl_data = commands.add_parser("verl-data", help="write a run config's task splits as the parquet files verl's dataset reads")
-    verl_data.add_argument("--config", required=True, help="trace-rl run config (the one verl's +trace_rl.infra.config names)")
+    verl_data.add_argument("--config", required=True, help="trace-rl run config (the one verl's +trace_rl.config names)")
     verl_data.add_argument("--out", required=True, help="folder for train.parquet and test.parquet")
     verl_data.add_argument("overrides", nargs="*", help="dotted key=value overrides, as verl's +trace_rl.overrides")
     verl_data.set_defaults(func=_verl_data)

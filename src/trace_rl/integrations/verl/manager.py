@@ -35,7 +35,7 @@ why the advantages travel as a field and `TracePPOTrainer` (trainer mode `trace`
 Validation batches (`validate` set) get `val_kwargs.n` (or the row's `__rollout_n__`) independent
 rollouts per prompt at `val_kwargs.temperature`, no allocation.
 
-The trace-rl side is a run config, named in verl's config as `+trace_rl.infra.config=<yaml>` with optional
+The trace-rl side is a run config, named in verl's config as `+trace_rl.config=<yaml>` with optional
 `+trace_rl.overrides=[key=value, ...]` and `+trace_rl.out=<folder>`: its rollout, method,
 predictor, estimator and env (tools, retrieval server) are the ones used. Each dataset row carries
 its task (`extra_info.trace_task`, the task as JSON, written by `trace-rl verl-data`), so train and
@@ -89,7 +89,7 @@ class TraceSettings:
     def from_verl(cls, config: Any) -> TraceSettings:
         section = config.get("trace_rl") if hasattr(config, "get") else None
         if not section or not section.get("config"):
-            raise ConfigError("verl config: trace_rl.infra.config is not set; add +trace_rl.infra.config=<trace-rl run config yaml>")
+            raise ConfigError("verl config: trace_rl.config is not set; add +trace_rl.config=<trace-rl run config yaml>")
         return cls(str(section["config"]), tuple(str(o) for o in section.get("overrides") or ()), section.get("out"))
 
 
