@@ -82,3 +82,8 @@ def presolved(split: str = "train", num_tasks: int | None = None, seed: int = 0)
     """Questions whose reward pays any answer: BRACE's certified exclusion leaves none to train on."""
     rows = [{"question": f"Say anything ({i}).", "answer": "x"} for i in range(20)]
     return trace_rl.task_set(rows, name="presolved", split=split, num_tasks=num_tasks, seed=seed, test_share=0.25, scorer=always_paid)
+
+
+def free_or_exact(task: Task, answer: str) -> float:
+    """Pays any answer to a task marked free (certified pre-solved), else the exact answer only."""
+    return 1.0 if task.meta.get("free") else float(answer.strip() == task.answers[0])

@@ -175,13 +175,9 @@ OWN_ENV = REPO / "tests" / "own_env.py"
 
 
 def test_an_env_of_your_own_is_checked_and_its_mistakes_are_one_line(tmp_path):
-    from trace_rl.run import build_env
+    from own_env import make_env  # tests/ is on the path, as for scripted_engine
 
-    sys.path.insert(0, str(REPO / "tests"))
-    try:
-        from own_env import make_env
-    finally:
-        sys.path.remove(str(REPO / "tests"))
+    from trace_rl.run import build_env
     tasks = load_taskset("multihop", split="train", num_tasks=4)
     steps = trace_rl.check_env(make_env(tasks), tasks.tasks[0], ["<search>who</search>", f"<answer>{tasks.tasks[0].answers[0]}</answer>"])
     assert steps[0].observation.startswith("hint:") and steps[-1].reward == 1.0
@@ -214,8 +210,18 @@ def test_a_config_naming_an_env_of_your_own_trains_through_the_cli(tmp_path):
     assert any(o.startswith("hint:") for o in observations) and all(o == "" or o.startswith("hint:") for o in observations)  # HintEnv's steps
 
 
-def test_a_brace_run_with_every_task_certified_useless_stops_before_any_folder(tmp_path):
+def test_brace_excludes_the_certified_useless_and_stops_before_any_folder_when_none_is_left():
     config = load_config(RunConfig, None, [f"task.name={OWN_ENV}:presolved", "model.warm_start=false", "model.name=smollm2-135m",
                                            "rollout.method=brace", "rollout.brace.exclude_certified=true"])
     with pytest.raises(ConfigError, match="all 15 train tasks are certified useless"):
         check_trainable(config)
+    from own_env import free_or_exact
+
+    from trace_rl.run import brace_pool
+
+    rows = [{"question": f"Say x ({i}).", "answer": "x", "free": i < 2} for i in range(6)]
+    tasks = trace_rl.task_set(rows, name="mixed", scorer=free_or_exact)
+    pool = brace_pool(config, tasks)
+    assert [t.meta["free"] for t in pool.tasks] == [False] * 4
+    assert pool.meta["brace_excluded"] == {t.task_id: "pre-solved" for t in tasks.tasks if t.meta["free"]}
+    assert brace_pool(load_config(RunConfig, None, ["model.warm_start=false", "model.name=smollm2-135m"]), tasks) is tasks

@@ -247,7 +247,7 @@ def check_model(model: ModelConfig) -> None:
         raise FieldError("model.device", model.device, "a device of this machine, which has no MPS backend")
 
 
-def check_context_room(config: RunConfig, tokenizer: Any, env: ToolEnv, tasksets: Sequence[TaskSet]) -> None:
+def check_context_room(config: RunConfig, tokenizer: Any, env: Env, tasksets: Sequence[TaskSet]) -> None:
     """FieldError unless `rollout.max_context_tokens` holds the longest prompt (of the tasks with the
     longest questions) and two full turns (one when `task.max_turns` is 1): with less room a rollout
     ends, unrewarded, after its first turn. Needs the tokenizer, so it runs once the policy is loaded."""
@@ -343,6 +343,18 @@ def certified_useless(tasks: Sequence[Task], scorer: Callable[[Task, str], float
     return useless
 
 
+def brace_pool(config: RunConfig, train: TaskSet) -> TaskSet:
+    """The RL tasks without those certified useless (`certified_useless`) when BRACE's certified
+    exclusion is on, recorded in `meta["brace_excluded"]`; ConfigError when it would leave none.
+    `train` unchanged otherwise."""
+    if not (config.rollout.method == "brace" and config.rollout.brace.exclude_certified):
+        return train
+    useless = certified_useless(train.tasks, score, config.rollout.success_threshold)
+    if len(useless) == len(train.tasks):
+        raise ConfigError(f"rollout.brace.exclude_certified: all {len(train.tasks)} train tasks are certified useless by their scorer (pre-solved or unsatisfiable)")
+    return replace(train, tasks=[t for t in train.tasks if t.task_id not in useless], meta={**train.meta, "brace_excluded": useless})
+
+
 def build_trainer(config: RunConfig, parts: Parts, run_dir: str | Path | RunDir) -> Trainer:
     """A `Trainer` for `config` over `parts`, writing into `run_dir`."""
     setup = TrainingSetup(
@@ -373,10 +385,7 @@ def check_trainable(config: RunConfig) -> None:
             )
     if config.model.warm_start and config.task.env is not None:
         demo_env(config, task_splits(config)[0])
-    if config.rollout.method == "brace" and config.rollout.brace.exclude_certified:
-        train = task_splits(config)[1]
-        if len(certified_useless(train.tasks, score, config.rollout.success_threshold)) == len(train.tasks):
-            raise ConfigError(f"rollout.brace.exclude_certified: all {len(train.tasks)} train tasks are certified useless by their scorer (pre-solved or unsatisfiable)")
+    brace_pool(config, task_splits(config)[1])
     if config.engine.name == "openai":
         if config.engine.weight_sync == "none":
             raise ConfigError(
@@ -414,9 +423,7 @@ def build_parts(
     demos, train = task_splits(config)
     test = load_tasks(config.task, "test", config.task.test_tasks)
     env = build_env(config, train)
-    if config.rollout.method == "brace" and config.rollout.brace.exclude_certified:
-        useless = certified_useless(train.tasks, score, config.rollout.success_threshold)  # not all: check_trainable
-        train = replace(train, tasks=[t for t in train.tasks if t.task_id not in useless], meta={**train.meta, "brace_excluded": useless})
+    train = brace_pool(config, train)
     model = config.model
     name = source if source is not None else policy_source(config, demos, env, progress=progress)
     policy = load_policy(name, seed=config.seed, dtype=model.dtype, device=model.device, lora=lora_spec(model))
