@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from trace_rl.agent.env import Env, ToolEnv, protocol_gaps
+from trace_rl.agent.env import ENV_METHODS, Env, ToolEnv, protocol_gaps
 from trace_rl.agent.scoring import score
 from trace_rl.agent.tasks import (
     TASKSETS,
@@ -298,7 +298,7 @@ def build_env(config: RunConfig, taskset: TaskSet) -> Env:
         env = resolve(task.env, "task.env")(taskset)
         if gaps := protocol_gaps(env):
             raise ConfigError(f"task.env={task.env!r} returned a {type(env).__name__} without {', '.join(gaps)}: an env "
-                              "of your own needs every method of trace_rl.Env (messages, stop_strings, reset, step, snapshot, restore, spawn) and max_turns")
+                              f"of your own needs every method of trace_rl.Env ({', '.join(ENV_METHODS)}) and max_turns")
         return env
     return ToolEnv.for_taskset(
         taskset,
@@ -343,11 +343,16 @@ def certified_useless(tasks: Sequence[Task], scorer: Callable[[Task, str], float
     return useless
 
 
+def excludes_certified(config: RunConfig) -> bool:
+    """Whether the run drops the tasks certified useless before training (BRACE, `rollout.brace.exclude_certified`)."""
+    return config.rollout.method == "brace" and config.rollout.brace.exclude_certified
+
+
 def brace_pool(config: RunConfig, train: TaskSet) -> TaskSet:
     """The RL tasks without those certified useless (`certified_useless`) when BRACE's certified
     exclusion is on, recorded in `meta["brace_excluded"]`; ConfigError when it would leave none.
     `train` unchanged otherwise."""
-    if not (config.rollout.method == "brace" and config.rollout.brace.exclude_certified):
+    if not excludes_certified(config):
         return train
     useless = certified_useless(train.tasks, score, config.rollout.success_threshold)
     if len(useless) == len(train.tasks):
@@ -375,8 +380,9 @@ def check_trainable(config: RunConfig) -> None:
     """ConfigError unless the configured engine can receive the trainer's weights, a warm start has
     demonstrations to learn from (in an env it can write them for), and BRACE's certified exclusion
     leaves a task to train on (before any work, before the run folder is made)."""
+    splits = functools.cache(lambda: task_splits(config))  # loaded once, and only when a check below needs the tasks
     if config.model.warm_start and (config.task.name.startswith("file:") or is_reference(config.task.name)):
-        demos = task_splits(config)[0]
+        demos = splits()[0]
         if demos.oracle is None:
             raise ConfigError(
                 f"task.name={config.task.name!r} has no oracle or demonstrations, so model.warm_start cannot make a policy "
@@ -384,8 +390,9 @@ def check_trainable(config: RunConfig) -> None:
                 "or start from a pretrained model without a warm start (model.warm_start=false)"
             )
     if config.model.warm_start and config.task.env is not None:
-        demo_env(config, task_splits(config)[0])
-    brace_pool(config, task_splits(config)[1])
+        demo_env(config, splits()[0])
+    if excludes_certified(config):
+        brace_pool(config, splits()[1])
     if config.engine.name == "openai":
         if config.engine.weight_sync == "none":
             raise ConfigError(
