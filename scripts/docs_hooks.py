@@ -17,6 +17,8 @@ from trace_rl.research.compare import summary_table
 PLOT_TITLES = {
     "accuracy": "Held-out accuracy by step",
     "accuracy_vs_rollouts": "Held-out accuracy against rollouts spent",
+    "accuracy_vs_tokens": "Held-out accuracy against generated tokens",
+    "accuracy_vs_minutes": "Held-out accuracy against wall-clock minutes",
     "reward": "Training reward",
     "effective_ratio": "Effective ratio (share of sampled prompts whose group mixes)",
     "mixed_budget_share": "Budget share in mixed groups",
@@ -63,6 +65,11 @@ def page(folder: Path) -> str:
               (f"{steps} training steps a run. The files, with every run's config and per-step log: "
                f"`docs/results/{folder.name}/` in the repository; `python scripts/results.py reproduce` reruns a run's first steps."),
               "", "## Table", "", summary_table(summary), ""]
+    if (folder / "study.md").exists():  # a pre-registered study over this and other folders (`scripts/results.py study`)
+        plan = " Its plan: [plan.md](" + f"{folder.name}/plan.md)." if (folder / "plan.md").exists() else ""
+        parts += ["## The pre-registered analysis", "",
+                  (f"Every row of the study, over all its phases' folders, and the contrasts its plan names, paired by seed "
+                   f"(`study.json`, made by the command in `command.txt`).{plan}"), "", (folder / "study.md").read_text(), ""]
     plots = sorted((folder / "plots").glob("*.png"))
     if plots:
         parts += ["## Plots", ""]

@@ -5,6 +5,8 @@
     python scripts/results.py signal            # which allocation figure goes with held-out gain, over every folder
     python scripts/results.py trees runs/paper_main --out docs/results/paper_main/trees.json   # figures from saved trees
     python scripts/results.py pack              # every folder under docs/results: run logs into runs.tar.xz, plots smaller
+    python scripts/results.py study docs/results/evidence_tiny docs/results/evidence_tiny_brace --steps 100 \
+        --reference grpo --contrast trace:trace_stage1 --out docs/results/evidence_tiny   # a plan over several folders
 
 An exported folder holds what it takes to check or redo every number: the compare config and the
 command, `summary.json` / `summary.md` as `trace-rl compare` wrote them (recomputed from the copied
@@ -16,7 +18,9 @@ is built (`scripts/docs_hooks.py`), so a page can only say what the files say. `
 steps with the code it was made with and checks that they give the numbers it recorded. `signal` reads
 every committed run at once and asks which per-step figure of the allocation goes with learning.
 `trees` recomputes where the budget went from a comparison's saved trees (which exports leave out),
-for runs made before a `tree/*` figure existed.
+for runs made before a `tree/*` figure existed. `study` reads the folders of a pre-registered plan's
+phases as one (`trace_rl.research.study`): every row seed by seed, the strongest baseline by the plan's
+rule, and the plan's contrasts paired by seed with a t interval and a sign test.
 """
 
 from __future__ import annotations
@@ -37,9 +41,18 @@ import yaml
 from trace_rl.core.tree import read_jsonl
 from trace_rl.infra.config import load_config
 from trace_rl.planning.metrics import agreeing_budget
-from trace_rl.report.plots import find_runs, plot_path
+from trace_rl.report.plots import find_runs, plot_metrics
 from trace_rl.research.compare import CompareConfig, summarise, summary_table
 from trace_rl.research.reproduce import code_at, train_with
+from trace_rl.research.study import (
+    CLOCK_FILE,
+    STRONGEST,
+    corrected_runs,
+    read_pauses,
+    run_clocks,
+    study,
+    study_markdown,
+)
 from trace_rl.train.rundir import (
     START,
     RunDir,
@@ -52,8 +65,11 @@ from trace_rl.train.rundir import (
 REPO = Path(__file__).resolve().parents[1]
 
 
-def export(run_dir: Path, dest: Path, config_path: Path) -> dict:
-    """Copy the comparison in `run_dir` (made with the compare config at `config_path`) to `dest`."""
+def export(run_dir: Path, dest: Path, config_path: Path, pauses: Path | None = None) -> dict:
+    """Copy the comparison in `run_dir` (made with the compare config at `config_path`) to `dest`.
+    With `pauses` (a log of when the runs were paused, `trace_rl.research.study.read_pauses`) the runs'
+    step and evaluation times with those pauses taken out go to `dest/clock.json`, from the live runs'
+    tree files (which the copy leaves out); the wall-clock plots draw them."""
     config = load_config(CompareConfig, config_path)
     dest.mkdir(parents=True, exist_ok=True)
     if not (dest / "compare.yaml").exists() or not (dest / "compare.yaml").samefile(config_path):  # re-exporting from the copy
@@ -71,10 +87,12 @@ def export(run_dir: Path, dest: Path, config_path: Path) -> dict:
                 continue
             if run_file_exists(source):  # a run of a packed folder comes out of its runs.tar.xz
                 copy.write_bytes(read_run_file(source))
+    if pauses is not None:
+        (dest / CLOCK_FILE).write_text(json.dumps(run_clocks([run_dir], read_pauses(pauses)), indent=1, sort_keys=True) + "\n")
     summary = summarise(dest, config)  # from the copies: the committed files reproduce the table
     (dest / "summary.json").write_text(json.dumps(summary, indent=1))
     (dest / "summary.md").write_text(summary_table(summary))
-    plot_path(dest, dest / "plots")
+    plot_metrics(corrected_runs([dest]), dest / "plots")
     pack(dest)
     return summary
 
@@ -295,6 +313,18 @@ def main(argv: list[str] | None = None) -> int:
     exporting.add_argument("run_dir", type=Path)
     exporting.add_argument("dest", type=Path)
     exporting.add_argument("--config", type=Path, required=True, help="the compare config the runs were made with")
+    exporting.add_argument("--pauses", type=Path, help="a log of when the runs were paused: their clock without those pauses goes to clock.json")
+    studying = commands.add_parser("study", help="a pre-registered study over several comparison folders: rows by seed, paired contrasts")
+    studying.add_argument("folders", nargs="+", type=Path, help="the comparison folders of the study's phases (live or exported)")
+    studying.add_argument("--steps", type=int, required=True, help="a run counts once its log reaches this step")
+    studying.add_argument("--reference", help="every row is also paired against this row (e.g. grpo)")
+    studying.add_argument("--contrast", action="append", default=[], metavar="A:B",
+                          help=f"a paired contrast A - B (repeatable); B may be {STRONGEST}, the row the plan's rule chose")
+    studying.add_argument("--candidates", nargs="*", default=[], help="the rows the strongest baseline is chosen among, in the plan's order")
+    studying.add_argument("--baseline-seeds", nargs="*", type=int, default=[], help="the seeds it is chosen on")
+    studying.add_argument("--order", nargs="*", default=[], help="rows in this order in the table (others after)")
+    studying.add_argument("--pauses", type=Path, help="a log of pauses, taken out of live runs' wall-clock")
+    studying.add_argument("--out", type=Path, help="write study.json, study.md and plots (study_plots/) here")
     again = commands.add_parser("reproduce", help="rerun a run folder's first steps with its own code and compare their metrics")
     again.add_argument("run_dir", type=Path)
     again.add_argument("--steps", type=int, default=2)
@@ -325,6 +355,17 @@ def main(argv: list[str] | None = None) -> int:
             args.out.write_text(text + "\n")
         print(text)
         return 0
+    if args.command == "study":
+        result = study(args.folders, steps=args.steps, contrasts=args.contrast, reference=args.reference, candidates=args.candidates,
+                       baseline_seeds=args.baseline_seeds, pauses=read_pauses(args.pauses) if args.pauses else None, order=args.order)
+        text = study_markdown(result)
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "study.json").write_text(json.dumps(result, indent=1) + "\n")
+            (args.out / "study.md").write_text(text)
+            plot_metrics(corrected_runs(args.folders, read_pauses(args.pauses) if args.pauses else None), args.out / "study_plots")
+        print(text)
+        return 0
     if args.command == "signal":
         print(json.dumps(signal(args.results), indent=1))
         return 0
@@ -332,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         result = reproduce(args.run_dir, args.steps, args.commit, args.overrides)
         print(json.dumps(result))
         return 0 if result["reproduced"] else 1
-    summary = export(args.run_dir, args.dest, args.config)
+    summary = export(args.run_dir, args.dest, args.config, args.pauses)
     print(summary_table(summary), file=sys.stderr)
     return 0
 

@@ -145,6 +145,7 @@ def test_plot_runs_writes_valid_pngs_for_every_panel_with_data(tmp_path: Path) -
         "reward",
         "accuracy",
         "accuracy_vs_rollouts",
+        "accuracy_vs_minutes",
         "effective_ratio",
         "mixed_budget_share",
         "calibration",
@@ -354,12 +355,12 @@ def test_write_report_is_self_contained_and_escapes_model_text(tmp_path: Path) -
     run = write_run(tmp_path / "run")
     report = build_report(run)
     assert report.html == run / "report.html"
-    assert [p.parent for p in report.plots] == [run] * 6
+    assert [p.parent for p in report.plots] == [run] * 7
     page = report.html.read_text(encoding="utf-8")
     assert page.count("<script") == 2  # the data and the viewer code, nothing from the trees
     assert "alert(1)</script>" not in page and "<img src=x" not in page
     assert not re.search(r"<(link|iframe)\b|src=\"http|href=\"http|@import", page)
-    assert page.count('src="data:image/png;base64,') == 6
+    assert page.count('src="data:image/png;base64,') == 7
     data = embedded_data(page)
     (step1,) = [t for t in data["runs"][0]["steps"][0]["trees"] if t["index"] == 0]
     assert step1["nodes"]["thought"][1] == f"thinking {EVIL}"  # round-trips exactly
@@ -409,6 +410,6 @@ def test_report_command_prints_path_then_a_json_line(tmp_path: Path, capsys: pyt
     assert lines[0] == str(run / "report.html")
     result = json.loads(lines[-1])
     assert result["report"] == str(run / "report.html")
-    assert len(result["plots"]) == 6 and all(Path(p).is_file() for p in result["plots"])
+    assert len(result["plots"]) == 7 and all(Path(p).is_file() for p in result["plots"])
     assert main(["report", str(tmp_path / "missing")]) == 2
     assert "is not a folder" in capsys.readouterr().err

@@ -34,6 +34,22 @@ Z95 = 1.96
 ROLLOUTS_KEY = "rollout/rollouts_total"
 """Cumulative rollouts (leaves) so far: the x axis of accuracy-per-budget curves."""
 
+TOKENS_KEY = "rollout/tokens_total"
+"""Cumulative generated tokens so far: the x axis of accuracy-per-token curves."""
+
+CLOCK_KEYS = ("timing_s/step", "timing_s/eval")
+"""A run's wall-clock, summed over its rows: its steps and its evaluations (the start's, at step 0,
+is shared by every method of a seed and left out)."""
+
+X_LABELS = {
+    "step": "training step",
+    "rollouts": "rollouts spent (cumulative)",
+    "tokens": "generated tokens (cumulative)",
+    "minutes": "wall-clock minutes (steps and evaluations, cumulative)",
+}
+
+XAxis = Literal["step", "rollouts", "tokens", "minutes"]
+
 
 @dataclass(frozen=True)
 class RunMetrics:
@@ -58,7 +74,7 @@ class Panel:
     keys: tuple[tuple[str, str], ...]
     """(metric key, legend label); each key gets its own line style."""
     ylabel: str
-    x: Literal["step", "rollouts"] = "step"
+    x: XAxis = "step"
     unit_range: bool = False
     """Fix the y axis to [0, 1] (shares). Accuracies keep matplotlib's range: on [0, 1] a 5-point gain
     between two curves near 0.2 was too thin to read."""
@@ -80,6 +96,20 @@ PANELS: tuple[Panel, ...] = (
         (("val/accuracy_greedy", "greedy"), ("val/accuracy_sampled", "sampled")),
         "accuracy",
         x="rollouts",
+    ),
+    Panel(
+        "accuracy_vs_tokens",
+        "Held-out accuracy per generated token",
+        (("val/accuracy_greedy", "greedy"), ("val/accuracy_sampled", "sampled")),
+        "accuracy",
+        x="tokens",
+    ),
+    Panel(
+        "accuracy_vs_minutes",
+        "Held-out accuracy per minute of wall-clock",
+        (("val/accuracy_greedy", "greedy"), ("val/accuracy_sampled", "sampled")),
+        "accuracy",
+        x="minutes",
     ),
     Panel(
         "effective_ratio",
@@ -257,24 +287,31 @@ class Curve:
     than it only when the policy changed."""
 
 
-def curve(runs: Sequence[RunMetrics], key: str, x: Literal["step", "rollouts"] = "step") -> Curve | None:
+def curve(runs: Sequence[RunMetrics], key: str, x: XAxis = "step") -> Curve | None:
     """Aggregate `key` over runs, aligned on step; None when no run logged it.
 
-    With `x="rollouts"` each point's x is the runs' mean cumulative rollouts at that step, carried
-    forward from the last step that logged it (eval lines need not repeat it; before any, 0). Runs
-    without that counter are left out of such a curve.
+    With `x="rollouts"` or `"tokens"` each point's x is the runs' mean cumulative rollouts or generated
+    tokens at that step, carried forward from the last step that logged it (eval lines need not repeat
+    it; before any, 0). Runs without the counter (or, for minutes, without step times) are left out. With `x="minutes"` it
+    is the wall-clock the run's rows logged up to that step (`CLOCK_KEYS`), so a run whose step times
+    were corrected (paused time taken out: `trace_rl.research.study`) draws its corrected clock.
     """
     per_step: dict[int, list[tuple[float, float]]] = {}
     se_by_step: dict[int, float] = {}
     used = 0
+    counter = {"rollouts": ROLLOUTS_KEY, "tokens": TOKENS_KEY}.get(x)
+    needed = {"rollouts": ROLLOUTS_KEY, "tokens": TOKENS_KEY, "minutes": CLOCK_KEYS[0]}.get(x)
     for run in runs:
-        if x == "rollouts" and ROLLOUTS_KEY not in run.keys():
+        if needed is not None and needed not in run.keys():
             continue
         spent, logged = 0.0, False
         for step, row in run.rows.items():
-            spent = row.get(ROLLOUTS_KEY, spent)
+            if counter is not None:
+                spent = row.get(counter, spent)
+            elif x == "minutes" and step > 0:
+                spent += sum(row.get(k, 0.0) for k in CLOCK_KEYS) / 60.0
             if key in row:
-                per_step.setdefault(step, []).append((spent if x == "rollouts" else float(step), row[key]))
+                per_step.setdefault(step, []).append((float(step) if x == "step" else spent, row[key]))
                 logged = True
                 if f"{key}_se" in row:
                     se_by_step[step] = row[f"{key}_se"]
@@ -307,7 +344,7 @@ def plot_runs(run_dirs_by_method: Mapping[str, Sequence[str | Path]], out_dir: s
     method's mean over seeds, with a shaded min–max band when it has two or more seeds.
     """
     runs = {method: [load_run(path, method) for path in paths] for method, paths in run_dirs_by_method.items()}
-    return plot_metrics(_start_from_react(runs), out_dir)
+    return plot_metrics(runs, out_dir)
 
 
 def _start_from_react(runs: dict[str, list[RunMetrics]]) -> dict[str, list[RunMetrics]]:
@@ -327,8 +364,8 @@ def _start_from_react(runs: dict[str, list[RunMetrics]]) -> dict[str, list[RunMe
 
 
 def plot_metrics(runs: Mapping[str, Sequence[RunMetrics]], out_dir: str | Path) -> list[Path]:
-    """`plot_runs` for metrics already loaded with `load_run`."""
-    runs = {method: list(method_runs) for method, method_runs in runs.items() if method_runs}
+    """`plot_runs` for metrics already loaded with `load_run` (a `START` row becomes every curve's first point)."""
+    runs = {method: list(method_runs) for method, method_runs in _start_from_react(dict(runs)).items() if method_runs}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     colors = method_colors(list(runs))
@@ -394,7 +431,7 @@ def _draw(panel: Panel, curves: dict[tuple[str, str], Curve], colors: dict[str, 
         handles += [Line2D([], [], color="black", linestyle=styles[k], label=textwrap.fill(label, _LEGEND_WIDTH)) for k, label in used_keys]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     ax.set_title(panel_title(panel, max_seeds, any(c.interval is not None for c in curves.values())), fontsize=10)
-    ax.set_xlabel("training step" if panel.x == "step" else "rollouts spent (cumulative)")
+    ax.set_xlabel(X_LABELS[panel.x])
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(panel.ylabel)
     if panel.unit_range:

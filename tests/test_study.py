@@ -1,0 +1,194 @@
+"""trace_rl.research.study: a plan's folders read as one, its contrasts paired by seed, its wall-clock without pauses."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+from repo_files import load
+
+from trace_rl.report.plots import curve, load_run
+from trace_rl.research.study import (
+    STRONGEST,
+    clock,
+    net_times,
+    paired,
+    read_pauses,
+    sign_test,
+    strongest_baseline,
+    study,
+    study_markdown,
+)
+
+T0 = 1_800_000_000.0  # a POSIX time on a whole minute: 2027-01-15T08:00Z
+
+
+def brute_sign_p(wins: int, losses: int) -> float:
+    """The two-sided sign test by enumerating every sign pattern: the share at least as uneven."""
+    n = wins + losses
+    seen = abs(wins - n / 2)
+    patterns = list(itertools.product((0, 1), repeat=n))
+    return sum(abs(sum(p) - n / 2) >= seen - 1e-12 for p in patterns) / len(patterns) if n else 1.0
+
+
+@pytest.mark.parametrize("wins, losses", [(0, 0), (1, 0), (3, 0), (2, 1), (7, 1), (8, 0), (4, 4), (1, 6), (5, 2)])
+def test_sign_test_matches_the_enumeration_of_sign_patterns(wins: int, losses: int) -> None:
+    differences = [0.01] * wins + [-0.02] * losses + [0.0, math.nan]  # a tie and a missing seed count for nothing
+    assert sign_test(differences) == pytest.approx(brute_sign_p(wins, losses), abs=1e-12)
+
+
+def test_sign_test_by_hand() -> None:
+    assert sign_test([0.1] * 7 + [-0.1]) == pytest.approx(2 * 9 / 256)  # 7 of 8: 2 (C(8,0) + C(8,1)) / 2^8
+    assert sign_test([0.1] * 8) == pytest.approx(2 / 256)
+    assert sign_test([]) == 1.0
+
+
+def test_paired_differences_a_hand_worked_case() -> None:
+    a = {0: 0.30, 1: 0.20, 2: 0.25}
+    b = {0: 0.20, 1: 0.20, 2: 0.15, 3: 0.90}  # seed 3 has no pair
+    c = paired(a, b)
+    # differences 0.1, 0, 0.1: mean 1/15, sd sqrt(1/300), t(2) = 4.303
+    assert c["seeds"] == 3 and c["mean"] == pytest.approx(1 / 15)
+    assert c["ci95"] == pytest.approx(4.303 * math.sqrt(1 / 300) / math.sqrt(3))
+    assert (c["low"], c["high"]) == pytest.approx((1 / 15 - c["ci95"], 1 / 15 + c["ci95"]))
+    assert (c["wins"], c["losses"], c["ties"]) == (2, 0, 1) and c["sign_p"] == pytest.approx(0.5)
+    assert c["per_seed"] == pytest.approx({"0": 0.1, "1": 0.0, "2": 0.1})
+    one = paired({0: 0.3}, {0: 0.1})
+    assert one["seeds"] == 1 and math.isnan(one["ci95"])
+
+
+def test_strongest_baseline_is_the_best_mean_ties_to_the_earlier_row_and_waits_for_every_seed() -> None:
+    finals = {"grpo": {0: 0.2, 1: 0.3}, "pcl": {0: 0.3, 1: 0.2}, "dapo": {0: 0.1, 1: 0.1}}
+    assert strongest_baseline(finals, ["grpo", "pcl", "dapo"], [0, 1])["row"] == "grpo"  # tie at 0.25: the earlier row
+    assert strongest_baseline(finals, ["pcl", "grpo", "dapo"], [0, 1])["row"] == "pcl"
+    assert strongest_baseline(finals, ["grpo", "dapo"], [0])["row"] == "grpo"
+    waiting = strongest_baseline(finals, ["grpo", "pcl", "brace"], [0, 1])
+    assert waiting["row"] is None and math.isnan(waiting["means"]["brace"])
+
+
+def test_read_pauses_pairs_stops_with_conts_and_refuses_a_broken_log(tmp_path: Path) -> None:
+    log = tmp_path / "pauses.log"
+    log.write_text("# comment\nstop 2027-01-15T08:00Z tests\ncont 2027-01-15T08:02:30Z\n\nstop 2027-01-15T09:00:00Z ci # why\ncont 2027-01-15T09:01Z\n")
+    assert read_pauses(log) == [(T0, T0 + 150), (T0 + 3600, T0 + 3660)]
+    for bad in ("cont 2027-01-15T08:00Z\n", "stop 2027-01-15T08:00Z\n", "stop 2027-01-15T08:00Z\nstop 2027-01-15T08:01Z\n", "stop 08:00\ncont 08:01\n"):
+        log.write_text(bad)
+        with pytest.raises(ValueError):
+            read_pauses(log)
+
+
+def write_run(run: Path, finals: dict[int, float], *, steps: int = 4, step_s: float = 10.0, eval_s: float = 100.0, tokens: int = 50) -> Path:
+    """A run folder as the trainer writes it: a line per step (an evaluation at each step in `finals`)
+    and a tree file per step whose mtime is the step's end (every step_s + eval_s after T0)."""
+    (run / "trees").mkdir(parents=True)
+    lines, end = [], T0
+    for step in range(1, steps + 1):
+        end += step_s
+        line = {"step": step, "timing_s/step": step_s, "rollout/rollouts_total": 8.0 * step, "rollout/tokens_total": float(tokens * step),
+                "tree/effective_ratio": 0.5, "tree/effective_per_candidate": 0.25, "tree/failed_budget_share": 0.3, "tree/solved_budget_share": 0.1}
+        tree = run / "trees" / f"step_{step:04d}.jsonl"
+        tree.write_text("")
+        os.utime(tree, (end, end))
+        if step in finals:
+            line |= {"timing_s/eval": eval_s, "val/accuracy_sampled": finals[step]}
+            end += eval_s
+        lines.append(line)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return run
+
+
+def test_clock_takes_the_logged_pauses_out_of_the_steps_and_evaluations_they_fell_in(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", {2: 0.5}, steps=3)
+    # steps end at T0+10, T0+20 (then an evaluation to T0+120), T0+130
+    pauses = [(T0 + 5, T0 + 8), (T0 + 18, T0 + 40), (T0 + 125, T0 + 500)]
+    assert clock(run, pauses) == {"1": {"step": 7.0}, "2": {"step": 8.0, "eval": 80.0}, "3": {"step": 5.0}}
+    assert clock(run, []) == {"1": {"step": 10.0}, "2": {"step": 10.0, "eval": 100.0}, "3": {"step": 10.0}}
+
+
+def test_net_times_count_a_time_far_over_its_kinds_median_at_the_median() -> None:
+    rows = {0: {"timing_s/eval": 999.0}, 1: {"timing_s/step": 10.0}, 2: {"timing_s/step": 12.0, "timing_s/eval": 50.0},
+            3: {"timing_s/step": 500.0}, 4: {"timing_s/step": 11.0, "timing_s/eval": 60.0}}
+    times, capped = net_times(rows)
+    assert capped == 1 and times == {1: {"step": 10.0}, 2: {"step": 12.0, "eval": 50.0}, 3: {"step": 11.5}, 4: {"step": 11.0, "eval": 60.0}}
+    logged = {"3": {"step": 9.0}}  # the pause was logged: its clock wins over the rule
+    assert net_times(rows, logged) == ({1: {"step": 10.0}, 2: {"step": 12.0, "eval": 50.0}, 3: {"step": 9.0}, 4: {"step": 11.0, "eval": 60.0}}, 0)
+
+
+def write_study(root: Path) -> tuple[Path, Path]:
+    """Two phases: the first with a start, grpo and pcl on seeds 0-1 (trace's seed 1 unfinished), the second trace's seeds 2-3."""
+    one, two = root / "one", root / "two"
+    for seed, start in ((0, 0.10), (1, 0.20)):
+        react = one / "react" / f"seed_{seed}"
+        react.mkdir(parents=True)
+        (react / "metrics.jsonl").write_text(json.dumps({"step": 0, "val/accuracy_sampled": start}) + "\n")
+    write_run(one / "grpo" / "seed_0", {2: 0.10, 4: 0.20})
+    write_run(one / "grpo" / "seed_1", {4: 0.30})
+    write_run(one / "pcl" / "seed_0", {4: 0.25})
+    write_run(one / "pcl" / "seed_1", {4: 0.25})
+    write_run(one / "trace" / "seed_0", {4: 0.35})
+    write_run(one / "trace" / "seed_1", {2: 0.5}, steps=2)
+    write_run(two / "trace" / "seed_2", {4: 0.40})
+    write_run(two / "grpo" / "seed_2", {4: 0.30})
+    return one, two
+
+
+def test_study_joins_phases_by_row_and_seed_and_pairs_the_plans_contrasts(tmp_path: Path) -> None:
+    one, two = write_study(tmp_path)
+    result = study([one, two], steps=4, reference="grpo", contrasts=["trace:grpo", f"trace:{STRONGEST}"],
+                   candidates=["grpo", "pcl"], baseline_seeds=[0, 1], order=["grpo", "pcl", "trace"])
+    assert list(result["rows"]) == ["grpo", "pcl", "trace"]
+    grpo, trace = result["rows"]["grpo"], result["rows"]["trace"]
+    assert grpo["final_per_seed"] == {"0": 0.20, "1": 0.30, "2": 0.30} and trace["final_per_seed"] == {"0": 0.35, "2": 0.40}
+    assert result["unfinished"] == {"trace": {"1": 2}}
+    assert grpo["gain"]["seeds"] == 2 and grpo["gain"]["mean"] == pytest.approx(0.10)  # against each seed's own start
+    assert trace["vs_reference"]["per_seed"] == pytest.approx({"0": 0.15, "2": 0.10})
+    assert (grpo["effective_ratio"], grpo["effective_per_candidate"], grpo["budget_could_not_teach"]) == pytest.approx((0.5, 0.25, 0.4))
+    assert (grpo["rollouts"], grpo["tokens"]) == (32.0, 200.0)
+    assert grpo["minutes"] == pytest.approx((240 + 140 + 140) / 3 / 60)  # 4 steps of 10 s; seed 0 evaluated twice, 1 and 2 once
+    assert result["strongest_baseline"]["row"] == "grpo"  # 0.25 each on seeds 0-1: the earlier row
+    strongest = result["contrasts"][f"trace:{STRONGEST}"]
+    assert strongest["b"] == "grpo" and strongest["per_seed"] == pytest.approx({"0": 0.15, "2": 0.10})
+    assert strongest["sign_p"] == pytest.approx(0.5)
+    text = study_markdown(result)
+    assert "**grpo**" in text and "trace − grpo (trace:@strongest)" in text and "trace seed 1 at step 2" in text
+
+
+def test_study_refuses_a_row_and_seed_in_two_folders_and_a_malformed_contrast(tmp_path: Path) -> None:
+    one, two = write_study(tmp_path)
+    write_run(two / "grpo" / "seed_0", {4: 0.9})
+    with pytest.raises(ValueError, match="grpo seed 0 is in two folders"):
+        study([one, two], steps=4)
+    with pytest.raises(ValueError, match="expected ROW:ROW"):
+        study([one], steps=4, contrasts=["trace-grpo"])
+
+
+def test_study_waits_to_name_the_strongest_baseline_until_every_candidate_has_its_seeds(tmp_path: Path) -> None:
+    one, _ = write_study(tmp_path)
+    result = study([one], steps=4, contrasts=[f"trace:{STRONGEST}"], candidates=["grpo", "pcl", "brace"], baseline_seeds=[0, 1])
+    assert result["strongest_baseline"]["row"] is None and "pending" in result["contrasts"][f"trace:{STRONGEST}"]
+
+
+def test_curves_by_tokens_and_by_wall_clock_minutes(tmp_path: Path) -> None:
+    run = load_run(write_run(tmp_path / "run", {2: 0.1, 4: 0.3}, tokens=30))
+    by_tokens = curve([run], "val/accuracy_sampled", "tokens")
+    assert list(by_tokens.x) == [60.0, 120.0]
+    by_minutes = curve([run], "val/accuracy_sampled", "minutes")
+    assert list(by_minutes.x) == pytest.approx([120 / 60, 240 / 60])  # each evaluation's own time counted before its point
+
+
+def test_results_script_study_writes_the_table_the_json_and_the_plots(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    one, two = write_study(tmp_path)
+    log = tmp_path / "pauses.log"
+    log.write_text("stop 2027-01-15T08:00:05Z\ncont 2027-01-15T08:00:08Z\n")  # 3 s out of every run's first step
+    results = load("scripts/results.py")
+    out = tmp_path / "out"
+    assert results.main(["study", str(one), str(two), "--steps", "4", "--reference", "grpo", "--contrast", "trace:grpo",
+                         "--pauses", str(log), "--out", str(out)]) == 0
+    saved = json.loads((out / "study.json").read_text())
+    assert saved["rows"]["grpo"]["minutes"] == pytest.approx((237 + 137 + 137) / 3 / 60)
+    assert (out / "study.md").read_text() == study_markdown(saved)
+    assert (out / "study_plots" / "accuracy_vs_minutes.png").exists()
