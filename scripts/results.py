@@ -20,7 +20,8 @@ every committed run at once and asks which per-step figure of the allocation goe
 `trees` recomputes where the budget went from a comparison's saved trees (which exports leave out),
 for runs made before a `tree/*` figure existed. `study` reads the folders of a pre-registered plan's
 phases as one (`trace_rl.research.study`): every row seed by seed, the strongest baseline by the plan's
-rule, and the plan's contrasts paired by seed with a t interval and a sign test.
+rule, and the plan's contrasts paired by seed with a t interval and a sign test. `probe` asks of a
+run's saved trees what Stage 2 bought (`trace_rl.research.stage2_probe`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from trace_rl.planning.metrics import agreeing_budget
 from trace_rl.report.plots import find_runs, plot_metrics
 from trace_rl.research.compare import CompareConfig, summarise, summary_table
 from trace_rl.research.reproduce import code_at, train_with
+from trace_rl.research.stage2_probe import probe_run
 from trace_rl.research.study import (
     CLOCK_FILE,
     STRONGEST,
@@ -306,6 +308,26 @@ def trees(run_dir: Path, warmup: int = 5, at_least: int = 12) -> dict:
     return {"warmup": warmup, "at_least": at_least, "methods": found, "unfinished": unfinished}
 
 
+def probe(folders: Sequence[Path], rows: Sequence[str] = (), warmup: int = 5) -> dict:
+    """`trace_rl.research.stage2_probe.probe_run` on every run (with saved trees and a Stage 2) of the
+    folders, by row and seed, with each row's mean over its seeds."""
+    found: dict[str, dict] = {}
+    for folder in folders:
+        for row, runs in find_runs(folder).items():
+            if rows and row not in rows:
+                continue
+            for run in runs:
+                if not RunDir(run).tree_files():
+                    continue
+                result = probe_run(run, warmup=warmup)
+                if result.get("prefixes"):
+                    found.setdefault(row, {"seeds": {}})["seeds"][run.name] = result
+    for figures in found.values():
+        numbers = [{k: v for k, v in seed.items() if isinstance(v, (int, float))} for seed in figures["seeds"].values()]
+        figures["mean"] = {k: float(np.mean([n[k] for n in numbers])) for k in numbers[0]}
+    return {"warmup": warmup, "rows": found}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -338,6 +360,11 @@ def main(argv: list[str] | None = None) -> int:
     saved.add_argument("--warmup", type=int, default=5, help="steps left out at the start (default 5)")
     saved.add_argument("--at-least", type=int, default=12, help="count steps where a prompt got this many rollouts without mixing")
     saved.add_argument("--out", type=Path, help="also write the JSON here")
+    probing = commands.add_parser("probe", help="what Stage 2 bought: predicted flips against the flips seen, the advantage mass on continuations")
+    probing.add_argument("folders", nargs="+", type=Path, help="run folders or comparison folders with their saved trees")
+    probing.add_argument("--rows", nargs="*", default=[], help="only these rows of a comparison (default: every row that has trees)")
+    probing.add_argument("--warmup", type=int, default=5, help="steps left out at the start (default 5)")
+    probing.add_argument("--out", type=Path, help="also write the JSON here")
     packing = commands.add_parser("pack", help="pack results folders: run logs into runs.tar.xz, plots as 256-colour PNGs")
     packing.add_argument("folders", nargs="*", type=Path, help="results folders (default: every folder under docs/results)")
     args = parser.parse_args(argv)
@@ -364,6 +391,12 @@ def main(argv: list[str] | None = None) -> int:
             (args.out / "study.json").write_text(json.dumps(result, indent=1) + "\n")
             (args.out / "study.md").write_text(text)
             plot_metrics(corrected_runs(args.folders, read_pauses(args.pauses) if args.pauses else None), args.out / "study_plots")
+        print(text)
+        return 0
+    if args.command == "probe":
+        text = json.dumps(probe(args.folders, args.rows, args.warmup), indent=1)
+        if args.out:
+            args.out.write_text(text + "\n")
         print(text)
         return 0
     if args.command == "signal":
