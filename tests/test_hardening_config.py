@@ -279,6 +279,20 @@ def test_a_cap_per_prompt_that_cannot_hold_stage_1_s_budget_is_refused():
     assert load_config(RunConfig, SMOKE, ["prompts_per_step=3", "rollout.max_per_prompt=3"]).rollout.max_per_prompt == 3
 
 
+def test_knapsack_below_its_floors_is_refused_and_at_them_warned_as_grpo():
+    # smoke: 4 prompts a step, 16 leaves. Knapsack-RL's floors (2 a prompt) must fit the budget; once
+    # the rates were known a budget below them failed steps into the run.
+    with pytest.raises(ConfigError, match=r"rollout.budget must be >= 24 for method knapsack .*prompts_per_step=12"):
+        load_config(RunConfig, SMOKE, ["rollout.method=knapsack", "prompts_per_step=12"])
+    with pytest.warns(UserWarning, match="floors take the whole budget, so every prompt gets 2 rollouts, exactly what grpo does"):
+        load_config(RunConfig, SMOKE, ["rollout.method=knapsack", "prompts_per_step=8"])
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_config(RunConfig, SMOKE, ["rollout.method=knapsack"]).rollout.budget == 16  # 4 floors of 2, 8 to allocate
+
+
 def test_a_comparison_checks_its_shared_run_config_for_every_method():
     # trace's estimator takes prefix_coef, grpo's does not: the grpo runs would fail after the warm start.
     with pytest.raises(ConfigError, match=r"run.train.advantage_options must be options estimator 'grpo' takes.* for method grpo"):

@@ -95,6 +95,7 @@ class RunConfig:
         check_range(self, "seed", ge=0, le=MAX_SEED)
         check_range(self, "prompts_per_step", ge=1)
         check_stage1_cap(self)
+        check_knapsack_floors(self)
         try:
             self.train.estimator(self.rollout.spec)  # the options of the method's estimator, which depends on both sections
         except FieldError as exc:
@@ -123,6 +124,30 @@ def check_stage1_cap(config: RunConfig) -> None:
         raise FieldError(
             "rollout.max_per_prompt", rollout.max_per_prompt,
             f">= {need} or null ({budget} Stage-1 rollouts over at most {most_prompts} prompts of prompts_per_step={config.prompts_per_step})",
+        )
+
+
+def check_knapsack_floors(config: RunConfig) -> None:
+    """Knapsack-RL gives every candidate prompt its floor (`rollout.min_per_prompt`) before it allocates
+    the rest, so a budget below `prompts_per_step` floors fails once the prompts' rates are known (a
+    FieldError now, not a crash steps into the run), and a budget of exactly that many floors leaves
+    nothing to allocate: every prompt gets `min_per_prompt`, which is `grpo` under another name
+    (a warning: a comparison may want that row, but nobody should think it allocates)."""
+    rollout = config.rollout
+    if rollout.method != "knapsack" or rollout.budget_unit != "leaves":
+        return
+    floors = config.prompts_per_step * rollout.min_per_prompt
+    if rollout.budget < floors:
+        raise FieldError(
+            "rollout.budget", rollout.budget,
+            f">= {floors} for method knapsack (its floors: min_per_prompt={rollout.min_per_prompt} for each of prompts_per_step={config.prompts_per_step})",
+        )
+    if rollout.budget == floors:
+        warnings.warn(
+            f"rollout.method=knapsack with rollout.budget={rollout.budget} = prompts_per_step={config.prompts_per_step} x "
+            f"min_per_prompt={rollout.min_per_prompt}: Knapsack-RL's floors take the whole budget, so every prompt gets "
+            f"{rollout.min_per_prompt} rollouts, exactly what grpo does; raise the budget or lower prompts_per_step for it to allocate",
+            stacklevel=2,
         )
 
 
