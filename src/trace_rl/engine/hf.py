@@ -194,9 +194,11 @@ def byte_table(tokenizer: Any, vocab_size: int) -> tuple[torch.Tensor, torch.Ten
     to_byte = {c: b for b, c in bytes_to_unicode().items()}
     added = getattr(tokenizer, "added_tokens_decoder", {})
     special = set(getattr(tokenizer, "all_special_ids", []))
+    known = len(tokenizer)  # once: with many added tokens one len() costs milliseconds
+    pieces = tokenizer.convert_ids_to_tokens(list(range(min(known, vocab_size))))
     rows: list[bytes] = []
     for token_id in range(vocab_size):
-        piece = tokenizer.convert_ids_to_tokens(token_id) if token_id < len(tokenizer) else None
+        piece = pieces[token_id] if token_id < known else None
         if piece is None or token_id in special or (token_id in added and added[token_id].special):
             rows.append(b"")
         elif token_id in added:
