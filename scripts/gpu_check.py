@@ -40,12 +40,20 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from trace_rl.core.advantage import NodeAdvantages  # noqa: E402
-from trace_rl.core.tree import read_jsonl  # noqa: E402
-from trace_rl.models.policy import build_tokenizer, load_policy, token_logprobs  # noqa: E402
-from trace_rl.train.rundir import read_metrics  # noqa: E402
-from trace_rl.train.sequences import in_loss, micro_batches, pack_batch, pack_tree, pad_batch, tree_groups, tree_sequences  # noqa: E402
-from trace_rl.train.tree_attention import packed_token_logprobs  # noqa: E402
+from trace_rl.core.advantage import NodeAdvantages
+from trace_rl.core.tree import read_jsonl
+from trace_rl.models.policy import build_tokenizer, load_policy, token_logprobs
+from trace_rl.train.rundir import read_metrics
+from trace_rl.train.sequences import (
+    in_loss,
+    micro_batches,
+    pack_batch,
+    pack_tree,
+    pad_batch,
+    tree_groups,
+    tree_sequences,
+)
+from trace_rl.train.tree_attention import packed_token_logprobs
 
 SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
            "num_key_value_heads": 3, "vocab_size": 49152, "max_position_embeddings": 8192, "rope_theta": 100000.0,
