@@ -224,6 +224,21 @@ def test_a_panels_title_says_what_its_bars_are_the_interval_of() -> None:
     assert panel_title(panels["calibration"], 1, True).endswith("bars: 95% interval of each step's Brier over its prompts")
     assert panel_title(panels["calibration"], 3, True).endswith("mean over seeds (up to 3), band: min–max")
     assert panel_title(panels["calibration"], 1, False) == panels["calibration"].title
+    assert panel_title(panels["calibration"], 3, True, 10).endswith("band: min–max, 10-step moving average")
+    assert panel_title(panels["calibration"], 1, False, 10) == panels["calibration"].title + "\n10-step moving average"
+
+
+def test_a_long_curve_is_drawn_as_its_trailing_moving_average_and_a_short_one_as_it_is() -> None:
+    from trace_rl.report.plots import Curve, smoothed
+
+    x = np.arange(1.0, 21.0)
+    long = Curve(x=x, mean=x - 1, low=x - 2, high=x, runs=2, interval=np.ones(20))
+    drawn = smoothed(long)  # 20 points: a window of 2, the first point its own mean
+    assert drawn.window == 2 and drawn.interval is None and list(drawn.x) == list(x)
+    assert list(drawn.mean) == [0.0] + [k + 0.5 for k in range(19)]
+    assert list(drawn.low) == [-1.0] + [k - 0.5 for k in range(19)]
+    short = Curve(x=x[:19], mean=x[:19], low=x[:19], high=x[:19], runs=1)
+    assert smoothed(short) is short
 
 
 def test_a_packed_comparison_reads_and_plots_as_the_plain_one(tmp_path: Path) -> None:

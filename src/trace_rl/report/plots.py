@@ -114,7 +114,7 @@ PANELS: tuple[Panel, ...] = (
     Panel(
         "effective_ratio",
         "Effective ratio (prompts with mixed outcomes)",
-        (("tree/effective_ratio", "effective ratio"),),
+        (("tree/effective_ratio", "of the prompts sampled"), ("tree/effective_per_candidate", "of every candidate prompt")),
         "share of prompts",
         unit_range=True,
     ),
@@ -285,6 +285,8 @@ class Curve:
     (NaN where it logged none); None for several runs (their band shows the spread) or without an SE.
     It is the evaluation's own noise: two points of one run on the same held-out tasks differ by more
     than it only when the policy changed."""
+    window: int = 1
+    """Points each drawn value averages (`smoothed`); 1: the values themselves."""
 
 
 def curve(runs: Sequence[RunMetrics], key: str, x: XAxis = "step") -> Curve | None:
@@ -372,7 +374,7 @@ def plot_metrics(runs: Mapping[str, Sequence[RunMetrics]], out_dir: str | Path) 
     written = []
     for panel in PANELS:
         curves = {
-            (method, key): c
+            (method, key): smoothed(c)
             for method, method_runs in runs.items()
             for key, _ in panel.keys
             if (c := curve(method_runs, key, panel.x)) is not None
@@ -380,6 +382,28 @@ def plot_metrics(runs: Mapping[str, Sequence[RunMetrics]], out_dir: str | Path) 
         if curves:
             written.append(_draw(panel, curves, colors, out_dir / f"{panel.name}.png"))
     return written
+
+
+SMOOTHING = 10
+"""A curve of n points is drawn as its trailing moving average over n // SMOOTHING points (at least 1):
+a per-step figure of a 100-step run over 10 steps, where eight methods' raw steps were a tangle no
+one could read; evaluations, a handful of points, are drawn as they are."""
+
+
+def smoothed(c: Curve) -> Curve:
+    """`c` as its trailing moving average (`SMOOTHING`): each point the mean of itself and the points
+    before it in the window (fewer at the start), mean and band alike; single-run error bars, which
+    belong to single points, are dropped from a smoothed curve."""
+    window = max(1, len(c.x) // SMOOTHING)
+    if window == 1:
+        return c
+
+    def average(values: np.ndarray) -> np.ndarray:
+        total = np.cumsum(values)
+        total[window:] = total[window:] - total[:-window]
+        return total / np.minimum(np.arange(1, len(values) + 1), window)
+
+    return Curve(x=c.x, mean=average(c.mean), low=average(c.low), high=average(c.high), runs=c.runs, interval=None, window=window)
 
 
 def plot_path(path: str | Path, out_dir: str | Path) -> list[Path]:
@@ -397,11 +421,15 @@ def _wrap_name(name: str, width: int = _LEGEND_WIDTH) -> str:
     return "\n".join(textwrap.fill(line, width, break_on_hyphens=False) for line in lines)
 
 
-def panel_title(panel: Panel, max_seeds: int, intervals: bool) -> str:
-    """The panel's title and what its bands or bars show: the spread over seeds, or one run's 95% intervals."""
+def panel_title(panel: Panel, max_seeds: int, intervals: bool, window: int = 1) -> str:
+    """The panel's title and what its bands or bars show: the spread over seeds, or one run's 95%
+    intervals, and the moving average's window where its curves were smoothed."""
+    average = f"{window}-step moving average" if window > 1 else ""
     if max_seeds > 1:
-        return f"{panel.title}\nmean over seeds (up to {max_seeds}), band: min–max"
-    return f"{panel.title}\nbars: 95% interval of {panel.bars}" if intervals else panel.title
+        return f"{panel.title}\n" + ", ".join(filter(None, [f"mean over seeds (up to {max_seeds}), band: min–max", average]))
+    if intervals:
+        return f"{panel.title}\nbars: 95% interval of {panel.bars}"
+    return f"{panel.title}\n{average}" if average else panel.title
 
 
 def _draw(panel: Panel, curves: dict[tuple[str, str], Curve], colors: dict[str, str], path: Path) -> Path:
@@ -430,7 +458,8 @@ def _draw(panel: Panel, curves: dict[tuple[str, str], Curve], colors: dict[str, 
         # wrapped: the legend sits in the right margin, where a long label was cut off at the edge
         handles += [Line2D([], [], color="black", linestyle=styles[k], label=textwrap.fill(label, _LEGEND_WIDTH)) for k, label in used_keys]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    ax.set_title(panel_title(panel, max_seeds, any(c.interval is not None for c in curves.values())), fontsize=10)
+    window = max(c.window for c in curves.values())
+    ax.set_title(panel_title(panel, max_seeds, any(c.interval is not None for c in curves.values()), window), fontsize=10)
     ax.set_xlabel(X_LABELS[panel.x])
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(panel.ylabel)
