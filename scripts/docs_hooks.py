@@ -20,7 +20,7 @@ PLOT_TITLES = {
     "accuracy_vs_tokens": "Held-out accuracy against generated tokens",
     "accuracy_vs_minutes": "Held-out accuracy against wall-clock minutes",
     "reward": "Training reward",
-    "effective_ratio": "Effective ratio (share of sampled prompts whose group mixes)",
+    "effective_ratio": "Effective ratio (share of the sampled prompts, and of every candidate, whose group mixes)",
     "mixed_budget_share": "Budget share in mixed groups",
     "per_ktoken": "Mixed prompts and leaves per 1,000 generated tokens",
     "calibration": "Predictor calibration",
