@@ -292,6 +292,22 @@ def test_new_weights_empty_the_cache(policy: Policy) -> None:
     assert engine.generate([prompt + [50]], SamplingParams(n=1, max_new_tokens=2, seed=1))[0][0].cached_tokens == 0
 
 
+def test_released_memory_is_rebuilt_by_the_next_generate_which_draws_the_same(policy: Policy) -> None:
+    """The trainer frees the prefix cache and the decoder's weight copy before an update
+    (`release_memory`); an engine that generates again without new weights samples what it did."""
+    engine = HFEngine.from_policy(policy)
+    params = SamplingParams(n=2, max_new_tokens=6, seed=3)
+    prompt = [2, *range(40, 70)]
+    before = engine.generate([prompt], params)
+    assert engine.cache.entries and engine.decoder is not None and not engine.decoder.released
+    engine.release_memory()
+    assert not engine.cache.entries and engine.cache.nbytes == 0 and engine.decoder.released
+    after = engine.generate([prompt], params)
+    assert not engine.decoder.released
+    assert _tokens(after) == _tokens(before)
+    assert [c.logprobs for c in after[0]] == [c.logprobs for c in before[0]]
+
+
 def test_the_cache_stays_within_its_budget_and_keeps_the_newest() -> None:
     from trace_rl.engine.hf import PrefixCache
 

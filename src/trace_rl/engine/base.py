@@ -111,6 +111,11 @@ class Engine(Protocol):
     the collector then passes each rollout's tree (its task id), so a tree's turns and branches meet
     the prefix cache that holds its trunk (a prompt-prefix hash would send every tree to one server,
     as they all open with the same system prompt).
+
+    Optional: an engine that holds memory the coming update makes stale (a prefix cache, a copy of the
+    weights) has `release_memory()`, which the trainer calls after a step's rollouts and before its
+    update, so the update's peak does not carry it; the engine rebuilds what it needs when it next
+    generates.
     """
 
     accepts_weights: bool

@@ -104,6 +104,15 @@ class Decoder:
             and hasattr(inner, "layers")
         )
 
+    @property
+    def released(self) -> bool:
+        """Whether `release` dropped the weights (`refresh` copies them again)."""
+        return not self.layers
+
+    def release(self) -> None:
+        """Drop the copy of the weights (a model's worth of memory in this decoder's dtype) until `refresh`."""
+        self.layers, self.embed, self.lm_head = [], None, None
+
     @torch.no_grad()
     def refresh(self) -> None:
         """Copy the model's current weights (adapters merged) into this decoder's dtype."""

@@ -309,6 +309,14 @@ class HFEngine:
         self.cache.clear()
         self.weight_version = int(version)
 
+    def release_memory(self) -> None:
+        """Free what the coming update makes stale, so the update's peak does not carry it: the prefix
+        cache and the decoder's copy of the weights. The next `generate` rebuilds the copy from the
+        model's weights of then (which `update_weights` does anyway)."""
+        self.cache.clear()
+        if self.decoder is not None:
+            self.decoder.release()
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
@@ -322,6 +330,8 @@ class HFEngine:
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
         prompts = check_prompts(prompts, self.vocab_size)
+        if self.decoder is not None and self.decoder.released:
+            self.decoder.refresh()
         keys = self._row_keys(prompts, params)
         out: list[list[Completion]] = [[] for _ in prompts]
         # Group prompts of similar length (less padding), at most max_batch_size sequences a group.
