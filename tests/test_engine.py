@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -300,8 +301,11 @@ def test_released_memory_is_rebuilt_by_the_next_generate_which_draws_the_same(po
     prompt = [2, *range(40, 70)]
     before = engine.generate([prompt], params)
     assert engine.cache.entries and engine.decoder is not None and not engine.decoder.released
-    engine.release_memory()
-    assert not engine.cache.entries and engine.cache.nbytes == 0 and engine.decoder.released
+    held = engine.cache.nbytes + engine.decoder.nbytes
+    linear = sum(m.weight.numel() * 4 for m in policy.model.modules() if isinstance(m, torch.nn.Linear))
+    assert engine.decoder.nbytes == linear  # fp32: every linear layer transposed (the tied output layer too), the embedding shared
+    assert engine.release_memory() == held
+    assert not engine.cache.entries and engine.cache.nbytes == 0 and engine.decoder.released and engine.decoder.nbytes == 0
     after = engine.generate([prompt], params)
     assert not engine.decoder.released
     assert _tokens(after) == _tokens(before)

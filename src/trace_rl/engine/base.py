@@ -113,9 +113,9 @@ class Engine(Protocol):
     as they all open with the same system prompt).
 
     Optional: an engine that holds memory the coming update makes stale (a prefix cache, a copy of the
-    weights) has `release_memory()`, which the trainer calls after a step's rollouts and before its
-    update, so the update's peak does not carry it; the engine rebuilds what it needs when it next
-    generates.
+    weights) has `release_memory() -> int` (the bytes freed), which the trainer calls after a step's
+    rollouts and before its update, so the update's peak does not carry it; the engine rebuilds what
+    it needs when it next generates.
     """
 
     accepts_weights: bool

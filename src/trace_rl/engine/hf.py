@@ -309,13 +309,15 @@ class HFEngine:
         self.cache.clear()
         self.weight_version = int(version)
 
-    def release_memory(self) -> None:
+    def release_memory(self) -> int:
         """Free what the coming update makes stale, so the update's peak does not carry it: the prefix
         cache and the decoder's copy of the weights. The next `generate` rebuilds the copy from the
-        model's weights of then (which `update_weights` does anyway)."""
+        model's weights of then (which `update_weights` does anyway). Returns the bytes freed."""
+        freed = self.cache.nbytes + (self.decoder.nbytes if self.decoder is not None else 0)
         self.cache.clear()
         if self.decoder is not None:
             self.decoder.release()
+        return freed
 
     @property
     def device(self) -> torch.device:

@@ -288,6 +288,7 @@ DEFINITIONS: dict[str, str] = {
     "rollout/tokens_prompt": "Prompt tokens of the prompts that were allocated rollouts (root budget > 0).",
     "rollout/tokens_planned": "Expected tokens the planner's requests spend (token budgets only).",
     "rollout/weight_version": "The policy version (updates done) the step's rollouts were sampled from.",
+    "rollout/engine_freed_mb": "Memory the engine freed before the update (its prefix cache and weight copy, stale once the update runs), MiB.",
     "rollout/weight_push_bytes": "Bytes of weights pushed to the Ray rollout workers for the step (`rollout.backend=ray`).",
     "rollout/dapo_kept_prompts": "Prompts DAPO kept for the update (mixed groups, at most `prompts_per_step`).",
     "rollout/rollouts_total": "Rollouts (`rollout/leaves`) summed over the run so far.",

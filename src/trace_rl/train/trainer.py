@@ -286,7 +286,8 @@ class Trainer:
         begin = time.perf_counter()
         self._phase(f"step {self.step + 1}: update")
         if (release := getattr(setup.engine, "release_memory", None)) is not None:
-            release()  # its prefix cache and weight copy are stale once the update runs: not in its peak
+            # its prefix cache and weight copy are stale once the update runs: not in the update's peak
+            metrics["rollout/engine_freed_mb"] = release() / 2**20
         advantages = self.estimator(trees)
         metrics.update(advantage_metrics(trees, advantages))
         sequences = tree_sequences(trees, advantages)
