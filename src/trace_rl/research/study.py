@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 import yaml
 
+from trace_rl.report.plots import RunMetrics, load_run
 from trace_rl.research.compare import t975
-from trace_rl.train.rundir import START, RunDir, read_metrics, run_file_exists
+from trace_rl.train.rundir import START, RunDir, run_file_exists
 
 STRONGEST = "@strongest"
 """In a contrast, the row the plan's rule chose as the strongest baseline (`strongest_baseline`)."""
@@ -210,11 +211,7 @@ def _compare_rows(folder: Path) -> list[str]:
 
 
 def _rows(run: Path) -> dict[int, dict[str, float]]:
-    rows: dict[int, dict[str, float]] = {}
-    for record in read_metrics(run / "metrics.jsonl"):
-        row = rows.setdefault(int(record["step"]), {})
-        row.update({k: float(v) for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
-    return dict(sorted(rows.items()))
+    return dict(load_run(run).rows)
 
 
 def run_clocks(folders: Sequence[str | Path], pauses: Sequence[tuple[float, float]] | None = None) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
@@ -273,7 +270,7 @@ def study(
         if not done:
             continue
         finals[row] = {seed: _final(m, accuracy) for seed, m in done.items()}
-        rows_out[row] = _row_figures(row, done, finals[row], starts, logged.get(row, {}))
+        rows_out[row] = _row_figures(done, finals[row], starts, logged.get(row, {}))
     if reference is not None and reference in finals:
         for row, figures in rows_out.items():
             if row != reference:
@@ -308,7 +305,7 @@ def _start_figures(starts: Mapping[int, float]) -> dict[str, Any]:
     return {"per_seed": {str(s): v for s, v in starts.items()}, "mean": float(values.mean()) if values.size else math.nan}
 
 
-def _row_figures(row: str, runs: Mapping[int, dict[int, dict[str, float]]], finals: Mapping[int, float],
+def _row_figures(runs: Mapping[int, dict[int, dict[str, float]]], finals: Mapping[int, float],
                  starts: Mapping[int, float], logged: Mapping[str, Any]) -> dict[str, Any]:
     def over_steps(key: str) -> float:
         values = [r[key] for metrics in runs.values() for step, r in metrics.items() if step > 0 and key in r]
@@ -339,13 +336,11 @@ def _row_figures(row: str, runs: Mapping[int, dict[int, dict[str, float]]], fina
     }
 
 
-def corrected_runs(folders: Sequence[str | Path], pauses: Sequence[tuple[float, float]] | None = None) -> dict[str, list[Any]]:
+def corrected_runs(folders: Sequence[str | Path], pauses: Sequence[tuple[float, float]] | None = None) -> dict[str, list[RunMetrics]]:
     """The study's runs as `trace_rl.report.plots.RunMetrics`, their step and evaluation times replaced
     by `net_times`, so the wall-clock curves show the study's clock."""
-    from trace_rl.report.plots import RunMetrics
-
     logged = run_clocks(folders, pauses)
-    out: dict[str, list[Any]] = {}
+    out: dict[str, list[RunMetrics]] = {}
     for row, seeds in study_runs(folders).items():
         for seed, run in seeds.items():
             rows = _rows(run)
