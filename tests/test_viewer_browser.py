@@ -123,7 +123,7 @@ def test_report_loads_cleanly_and_draws_the_last_steps_first_tree(page: Page, re
     assert page.page.locator("#tv-step").input_value() == str(len(data["runs"][0]["steps"]) - 1)
     assert page.node_count() == len(last["trees"][0]["nodes"]["parent"])
     assert page.page.locator("#tv-canvas .tv-edge").count() == page.node_count() - 1
-    assert page.page.locator(".plots img").count() == 6
+    assert page.page.locator(".plots img").count() == 7  # reward, accuracy, by rollouts, by minutes, effective ratio, mixed budget, calibration
     assert all(page.page.evaluate("Array.from(document.images).map(i => i.naturalWidth > 0)"))
     assert "Node 0 · root" in page.page.locator("#tv-detail").inner_text()
     shot = tmp_path / "report.png"
