@@ -328,6 +328,15 @@ def probe(folders: Sequence[Path], rows: Sequence[str] = (), warmup: int = 5) ->
     return {"warmup": warmup, "rows": found}
 
 
+def _print_json(data: dict, out: Path | None) -> int:
+    """Print `data` as indented JSON, and write it to `out` too when given."""
+    text = json.dumps(data, indent=1)
+    if out:
+        out.write_text(text + "\n")
+    print(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -377,28 +386,21 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{folder}: {size} runs.tar.xz, {len(done['plots'])} plots re-encoded")
         return 0
     if args.command == "trees":
-        text = json.dumps(trees(args.run_dir, args.warmup, args.at_least), indent=1)
-        if args.out:
-            args.out.write_text(text + "\n")
-        print(text)
-        return 0
+        return _print_json(trees(args.run_dir, args.warmup, args.at_least), args.out)
     if args.command == "study":
+        pauses = read_pauses(args.pauses) if args.pauses else None
         result = study(args.folders, steps=args.steps, contrasts=args.contrast, reference=args.reference, candidates=args.candidates,
-                       baseline_seeds=args.baseline_seeds, pauses=read_pauses(args.pauses) if args.pauses else None, order=args.order)
+                       baseline_seeds=args.baseline_seeds, pauses=pauses, order=args.order)
         text = study_markdown(result)
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "study.json").write_text(json.dumps(result, indent=1) + "\n")
             (args.out / "study.md").write_text(text)
-            plot_metrics(corrected_runs(args.folders, read_pauses(args.pauses) if args.pauses else None), args.out / "study_plots")
+            plot_metrics(corrected_runs(args.folders, pauses), args.out / "study_plots")
         print(text)
         return 0
     if args.command == "probe":
-        text = json.dumps(probe(args.folders, args.rows, args.warmup), indent=1)
-        if args.out:
-            args.out.write_text(text + "\n")
-        print(text)
-        return 0
+        return _print_json(probe(args.folders, args.rows, args.warmup), args.out)
     if args.command == "signal":
         print(json.dumps(signal(args.results), indent=1))
         return 0
