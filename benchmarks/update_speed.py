@@ -37,6 +37,7 @@ import torch
 from common import arguments, emit, parse_args
 
 from trace_rl.models import native_bf16
+from trace_rl.train.tree_attention import loss_token_logprobs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -162,36 +163,6 @@ def gradient(model, config, sequences, *, update: str, precision: str) -> torch.
     return grads
 
 
-def logprobs(model, sequences, *, packed: bool, temperature: float, max_len: int, dtype: torch.dtype | None) -> torch.Tensor:
-    """Every trained token's log-prob (the KL-term rule: zero advantages included), in one order."""
-    from trace_rl.models import token_logprobs
-    from trace_rl.train.sequences import (
-        in_loss,
-        micro_batches,
-        pack_batch,
-        pack_tree,
-        pad_batch,
-        tree_groups,
-    )
-    from trace_rl.train.tree_attention import packed_token_logprobs
-
-    out = []
-    with torch.no_grad(), torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-        if packed:
-            packs = [p for g in tree_groups(sequences) for p in pack_tree(g, max_len=max_len, zero_advantage=True)]
-            for group in micro_batches(packs, 16384):
-                b = pack_batch(group)
-                out.append(packed_token_logprobs(model, b.input_ids, b.position_ids, b.nodes, b.sources, b.targets, temperature=temperature).float())
-        else:
-            for first in range(0, len(sequences), 8):
-                rows = sequences[first : first + 8]
-                b = pad_batch(rows, max_len=max_len)
-                lp = token_logprobs(model, b.input_ids, b.attention_mask, temperature=temperature).float()
-                for row in range(len(rows)):
-                    out.append(lp[row][in_loss(b.weights[row], b.advantages[row], zero_advantage=True)])
-    return torch.cat(out)
-
-
 def dense_mask_check(model, sequences, *, temperature: float, max_len: int, repeat: int) -> dict[str, float]:
     """The alternative: the same packs, one per row, through the model's own attention with a dense
     (B, 1, N, N) tree mask (transformers passes a 4-D mask through as it is: bool for sdpa, additive
@@ -306,8 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     sequences = tree_sequences(trees, get_estimator(estimator)(trees, **config.train.advantage_options))
 
     # exactness, fp32: per-token log-probs and the gradient of the same loss both ways
-    leaf_lp = logprobs(model, sequences, packed=False, temperature=temperature, max_len=max_len, dtype=None)
-    packed_lp = logprobs(model, sequences, packed=True, temperature=temperature, max_len=max_len, dtype=None)
+    leaf_lp = loss_token_logprobs(model, sequences, packed=False, temperature=temperature, max_len=max_len, dtype=None)
+    packed_lp = loss_token_logprobs(model, sequences, packed=True, temperature=temperature, max_len=max_len, dtype=None)
     g_leaf = gradient(model, config, sequences, update="per_leaf", precision="fp32")
     g_packed = gradient(model, config, sequences, update="packed", precision="fp32")
     exact = {
@@ -358,8 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     native = native_bf16()
     if not args.no_bf16:
         bf16 = timed_updates(model, config, sequences, precision="bf16", repeat=args.repeat)
-        bf_leaf = logprobs(model, sequences, packed=False, temperature=temperature, max_len=max_len, dtype=torch.bfloat16)
-        bf_packed = logprobs(model, sequences, packed=True, temperature=temperature, max_len=max_len, dtype=torch.bfloat16)
+        bf_leaf = loss_token_logprobs(model, sequences, packed=False, temperature=temperature, max_len=max_len, dtype=torch.bfloat16)
+        bf_packed = loss_token_logprobs(model, sequences, packed=True, temperature=temperature, max_len=max_len, dtype=torch.bfloat16)
         g_bf16 = gradient(model, config, sequences, update="packed", precision="bf16")
         result["bf16"] = {
             **summary(bf16),

@@ -42,18 +42,10 @@ sys.path.insert(0, str(REPO / "src"))
 
 from trace_rl.core.advantage import NodeAdvantages
 from trace_rl.core.tree import read_jsonl
-from trace_rl.models.policy import build_tokenizer, load_policy, token_logprobs
+from trace_rl.models.policy import build_tokenizer, load_policy
 from trace_rl.train.rundir import read_metrics
-from trace_rl.train.sequences import (
-    in_loss,
-    micro_batches,
-    pack_batch,
-    pack_tree,
-    pad_batch,
-    tree_groups,
-    tree_sequences,
-)
-from trace_rl.train.tree_attention import packed_token_logprobs
+from trace_rl.train.sequences import tree_sequences
+from trace_rl.train.tree_attention import loss_token_logprobs
 
 SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
            "num_key_value_heads": 3, "vocab_size": 49152, "max_position_embeddings": 8192, "rope_theta": 100000.0,
@@ -116,30 +108,14 @@ def logprob_checks(model_dir: str, run: Path, device: str, *, max_leaves: int = 
     ones = [NodeAdvantages(advantage=[1.0] * len(t.nodes), weight=[1.0] * len(t.nodes)) for t in trees]
     sequences = tree_sequences(trees, ones)[:max_leaves]
 
-    def per_leaf(model: torch.nn.Module, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """Each sequence on its own, the log-probs of its tokens in the loss, in order (as the tests' reference)."""
-        at = next(model.parameters()).device
-        out = []
-        for seq in sequences:
-            batch = pad_batch([seq])
-            with torch.no_grad(), torch.autocast(at.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-                lp = token_logprobs(model, batch.input_ids.to(at), batch.attention_mask.to(at))[0].float().cpu()
-            out.append(lp[in_loss(batch.weights[0], batch.advantages[0], zero_advantage=True)])
-        return torch.cat(out)
-
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        cpu = per_leaf(load_policy(model_dir).model)
+        cpu = loss_token_logprobs(load_policy(model_dir).model, sequences, packed=False, rows=1)
         on_device = load_policy(model_dir, device=device).model
-        fp32 = per_leaf(on_device)
-        bf16 = per_leaf(load_policy(model_dir, device=device, dtype="bfloat16").model)
-        packs = [p for group in tree_groups(sequences) for p in pack_tree(group, zero_advantage=True)]
-        with torch.no_grad():
-            packed = torch.cat([
-                packed_token_logprobs(on_device, b.input_ids.to(device), b.position_ids, b.nodes, b.sources, b.targets).cpu()
-                for b in (pack_batch(group) for group in micro_batches(packs, 1 << 30))
-            ])
+        fp32 = loss_token_logprobs(on_device, sequences, packed=False, rows=1)
+        bf16 = loss_token_logprobs(load_policy(model_dir, device=device, dtype="bfloat16").model, sequences, packed=False, rows=1)
+        packed = loss_token_logprobs(on_device, sequences, packed=True, pack_tokens=1 << 30)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
     figures = {

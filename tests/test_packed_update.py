@@ -24,6 +24,7 @@ from trace_rl.train.sequences import (
 )
 from trace_rl.train.tree_attention import (
     TreeAttentionUnsupported,
+    loss_token_logprobs,
     packed_token_logprobs,
     supports_packed,
 )
@@ -122,6 +123,25 @@ def test_packed_log_probs_equal_the_per_leaf_forward(attn, max_len):
                     got = packed_logprobs(model, sequences, max_len=max_len, zero_advantage=zero_advantage, max_tokens=max_tokens, temperature=0.7)
                 assert got.shape == expected.shape and got.numel() > 0
                 assert torch.allclose(got, expected, atol=1e-5, rtol=0.0), (estimator, zero_advantage, max_tokens)
+
+
+@pytest.mark.parametrize("max_len", [None, 14])
+def test_the_shared_loss_token_log_probs_match_the_reference_in_either_layout(max_len):
+    # the helper the update-speed benchmark and the GPU check compare paths with: per leaf in padded
+    # batches of 3 and packed in micro-batches of 20 tokens, both against one sequence at a time
+    model = small_llama()
+    trees = hand_trees()
+    sequences = tree_sequences(trees, get_estimator("trace")(trees))
+    with torch.no_grad():
+        expected = per_leaf_logprobs(model, sequences, max_len=max_len, temperature=0.7)
+    leaf = loss_token_logprobs(model, sequences, packed=False, temperature=0.7, max_len=max_len, rows=3)
+    packed = loss_token_logprobs(model, sequences, packed=True, temperature=0.7, max_len=max_len, pack_tokens=20)
+    assert leaf.dtype == torch.float32 and leaf.device.type == "cpu" and not leaf.requires_grad
+    assert leaf.shape == expected.shape == packed.shape and expected.numel() > 0
+    assert torch.allclose(leaf, expected, atol=1e-5, rtol=0.0)
+    assert torch.allclose(packed, expected, atol=1e-5, rtol=0.0)
+    bf16 = loss_token_logprobs(model, sequences, packed=True, temperature=0.7, max_len=max_len, dtype=torch.bfloat16)
+    assert bf16.dtype == torch.float32 and 0 < (bf16 - expected).abs().max() < 0.5
 
 
 def test_packed_log_probs_equal_the_per_leaf_forward_on_scripted_trees(tmp_path):

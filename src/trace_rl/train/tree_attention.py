@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from trace_rl.models.policy import token_logprobs
+from trace_rl.train.sequences import in_loss, micro_batches, pack_batch, pack_tree, pad_batch, tree_groups
 
 TREE_ATTENTION = "trace_rl_tree"
 """The name `packed_token_logprobs` registers its attention function under (transformers' `AttentionInterface`)."""
@@ -225,6 +226,39 @@ def packed_token_logprobs(
     if temperature > 0:
         logits = logits / temperature
     return torch.log_softmax(logits, dim=-1).gather(-1, targets.to(device)[:, None]).squeeze(-1)
+
+
+def loss_token_logprobs(
+    model: Any,
+    sequences: Sequence[Any],
+    *,
+    packed: bool,
+    temperature: float = 1.0,
+    max_len: int | None = None,
+    dtype: torch.dtype | None = None,
+    rows: int = 8,
+    pack_tokens: int = 16384,
+) -> torch.Tensor:
+    """Every trained token's log-prob (zero advantages included, as a KL term trains them), per leaf
+    (`token_logprobs` on `rows` padded sequences at a time) or packed (`packed_token_logprobs` on
+    micro-batches of at most `pack_tokens` tokens), in one order, so the two layouts, two dtypes or two
+    devices can be compared token by token. No gradients; on the model's device, under autocast to
+    `dtype` there when given; returned as fp32 on the CPU. `sequences` are `TrainSequence`s."""
+    device = next(model.parameters()).device
+    out = []
+    with torch.no_grad(), torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        if packed:
+            packs = [p for group in tree_groups(sequences) for p in pack_tree(group, max_len=max_len, zero_advantage=True)]
+            for group in micro_batches(packs, pack_tokens):
+                b = pack_batch(group)
+                lp = packed_token_logprobs(model, b.input_ids.to(device), b.position_ids, b.nodes, b.sources, b.targets, temperature=temperature)
+                out.append(lp.float().cpu())
+        else:
+            for first in range(0, len(sequences), rows):
+                b = pad_batch(sequences[first : first + rows], max_len=max_len)
+                lp = token_logprobs(model, b.input_ids.to(device), b.attention_mask.to(device), temperature=temperature).float().cpu()
+                out.extend(lp[r][in_loss(b.weights[r], b.advantages[r], zero_advantage=True)] for r in range(lp.shape[0]))
+    return torch.cat(out)
 
 
 def supports_packed(model: Any) -> bool:
