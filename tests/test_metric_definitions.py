@@ -23,9 +23,14 @@ COMMITTED = [  # committed results whose runs logged method- and config-specific
 ]
 
 
+def _not_json(constant: str) -> None:
+    raise ValueError(f"metrics.jsonl holds {constant}, which strict JSON readers (jq, JavaScript) reject")
+
+
 def logged_keys(run_dir: Path) -> set[str]:
+    """The keys logged, every line parsed as strict JSON (no NaN or Infinity)."""
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return {key for line in lines for key in json.loads(line)}
+    return {key for line in lines for key in json.loads(line, parse_constant=_not_json)}
 
 
 def undefined(keys: set[str]) -> list[str]:
@@ -43,7 +48,7 @@ def test_every_key_a_tiny_run_logs_has_a_definition(tmp_path, method):
     keys = logged_keys(tmp_path / "run")
     assert {"step", "method", "actor/pg_loss", "val/accuracy_greedy"} <= keys
     if method == "brace":
-        assert "brace/concentration" in keys
+        assert "brace/correlation" in keys
     if method == "trace":
         assert "stage2/continuations" in keys or "rollout/stage2_to_roots" in keys
     assert not undefined(keys), f"logged without a definition in trace_rl.planning.metrics.DEFINITIONS: {undefined(keys)}"

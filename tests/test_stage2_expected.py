@@ -105,7 +105,7 @@ def test_the_evidence_model_fits_the_continuations_correlation_and_keeps_it():
     model.observe([_tree_with_continuations(True)], 0.5)
     assert np.isinf(model.concentration)  # one group: not yet
     metrics = model.observe([_tree_with_continuations(True)], 0.5)
-    assert metrics["stage2/concentration"] == model.concentration and model.concentration < 1.0  # every group repeated r
+    assert metrics["stage2/correlation"] == 1.0 / (1.0 + model.concentration) and model.concentration < 1.0  # every group repeated r
     restored = Stage2Evidence()
     restored.load_state_dict(model.state_dict())
     assert restored.concentration == model.concentration and restored.state_dict() == model.state_dict()
@@ -133,5 +133,5 @@ def test_the_collector_spends_the_budget_with_stage2_expected_and_records_the_po
         for _ in range(2):
             batch = collector.collect(taskset.tasks[:8])
             assert sum(t.leaves().size for t in batch.trees) == budget
-        assert "stage2/concentration" in batch.stats
+        assert 0.0 <= batch.stats["stage2/correlation"] < 1.0
         assert any(n.stage2_value is not None for t in batch.trees for n in t.nodes[1:])

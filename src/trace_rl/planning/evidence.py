@@ -155,7 +155,7 @@ class Stage2Evidence:
         if len(self._groups) >= self.min_groups:
             g = self._groups
             self.concentration = fit_repeat_concentration(g[:, 0], g[:, 1], g[:, 2], np.rint(g[:, 3]).astype(np.int64), g[:, 4])
-        metrics["stage2/concentration"] = self.concentration
+        metrics["stage2/correlation"] = 1.0 / (1.0 + self.concentration)  # ν = ∞ (independent draws) logs 0, strict JSON
         metrics["stage2/own_weight"] = 0.0 if np.isinf(self.prior_strength) else 1.0 / (self.prior_strength + 1.0)
         metrics["stage2/prompt_weight"] = self.prompt_weight
         return metrics

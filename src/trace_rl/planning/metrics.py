@@ -340,14 +340,13 @@ DEFINITIONS: dict[str, str] = {
     "predictor/guard_brier_half": "Weighted Brier score of a constant 0.5 on the same examples.",
     "predictor/guard_gain": "Brier of 0.5 minus Brier of the scaled estimates, weighted over the guard's window of batches.",
     # brace/*
-    "brace/concentration": "Fitted concentration ν of a prompt's rollout group (inf: independent draws).",
-    "brace/correlation": "1 / (1 + `brace/concentration`): the fitted correlation of rollouts within a group.",
-    "brace/groups_seen": "Rollout groups (≥2 rollouts of a prompt) kept to fit `brace/concentration`.",
+    "brace/correlation": "Fitted correlation ρ = 1 / (1 + ν) of rollouts within a prompt's group (ν: the Beta-Binomial concentration; 0: independent draws).",
+    "brace/groups_seen": "Rollout groups (≥2 rollouts of a prompt) kept to fit `brace/correlation`.",
     # stage2/*
     "stage2/brier_predictor": "Brier score of the predictor's estimate ṽ at each continuation's starting prefix against its outcome.",
     "stage2/brier_evidence": "Brier score of the posterior (ṽ with the prefix's bare outcomes) at the current fit, on the same continuations.",
     "stage2/continuations": "Continuations scored in the two Brier figures.",
-    "stage2/concentration": "Fitted concentration ν of a prefix's continuations (inf: independent draws, the paper's model).",
+    "stage2/correlation": "Fitted correlation ρ = 1 / (1 + ν) of a prefix's continuations (0: independent draws, the paper's model).",
     "stage2/own_weight": "Share of a first-turn prefix's posterior its bare outcome carries, 1 / (κ + 1) (0: the paper's value).",
     "stage2/prompt_weight": "Fitted weight w of the prompt's other rollouts in a prefix's posterior (0 before the fit).",
     # val/*

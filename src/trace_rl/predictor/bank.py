@@ -112,7 +112,6 @@ class BraceBank:
             self.concentration = fit_concentration(g[:, 0], g[:, 1], sizes, g[:, 3])
         return {
             "predictor/examples_used": float(used),
-            "brace/concentration": self.concentration,
             "brace/correlation": 1.0 / (1.0 + self.concentration),
             "brace/groups_seen": float(len(self._groups)),
         }
