@@ -192,6 +192,27 @@ def test_a_long_method_name_is_wrapped_at_its_underscores_to_fit_the_legend_marg
     assert long_part.replace("\n", "") == "x" * 45
 
 
+def test_every_row_of_a_figure_has_its_own_colour_and_a_variant_its_methods_when_free() -> None:
+    from trace_rl.report.plots import METHOD_COLORS, method_colors
+
+    rows = ["grpo", "grpo_4", "grpo_8", "dapo_8x4", "knapsack", "pcl", "knapsack_16", "brace", "trace_stage1", "trace", "trace_expected"]
+    colors = method_colors(rows)
+    assert list(colors) == rows and len(set(colors.values())) == len(rows)  # 11 rows once shared 5 spare colours
+    assert all(colors[m] == METHOD_COLORS[m] for m in rows if m in METHOD_COLORS)
+    assert colors["dapo_8x4"] == METHOD_COLORS["dapo"]  # dapo itself is not in the figure
+    assert method_colors(["trace", "trace_stage1_x"])["trace_stage1_x"] == METHOD_COLORS["trace_stage1"]  # the longest name it extends
+    many = method_colors([f"row_{i}" for i in range(len(METHOD_COLORS) + 16)])
+    assert len(set(many.values())) == 16  # past the spare palette colours repeat, nothing fails
+
+
+def test_a_token_axis_is_labelled_in_thousands_and_a_step_axis_as_it_is() -> None:
+    from trace_rl.report.plots import _thousands
+
+    formatter = _thousands(320_000.0)
+    assert [formatter(x) for x in (0, 40_000, 120_000, 1_200_000)] == ["0", "40k", "120k", "1.2M"]
+    assert _thousands(100.0) is None and _thousands(9_999.0) is None
+
+
 def test_a_single_run_shows_each_evaluations_95_percent_interval_and_several_runs_their_spread(tmp_path: Path) -> None:
     from trace_rl.report.plots import Z95, curve
 

@@ -248,23 +248,32 @@ METHOD_COLORS = {
     "pcl": "#e377c2",
     "random_tree": "#ff7f0e",
     "dapo": "#8c564b",
+    "brace": "#bcbd22",
     "trace_stage1": "#9467bd",
     "trace_stage2": "#17becf",
     "trace": "#d62728",  # red, drawn last
 }
-_OTHER_COLORS = ("#bcbd22", "#393b79", "#637939", "#8c6d31", "#843c39")
+_OTHER_COLORS = (
+    "#393b79", "#637939", "#8c6d31", "#7b4173", "#17becf", "#1f77b4", "#ff7f0e", "#8c564b",
+    "#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5",
+)
 
 
 def method_colors(names: Sequence[str]) -> dict[str, str]:
-    """A fixed colour per registered method (so `trace` looks the same in every figure); others follow."""
-    colors, extra = {}, 0
+    """A fixed colour per registered method (so `trace` looks the same in every figure). A variant
+    named after one (`grpo_8`, `dapo_8x4`) takes its method's colour when that method is not in the
+    figure, else the first colour no row of the figure has yet: no two rows share a colour while the
+    palette lasts (26 rows)."""
+    colors = {name: METHOD_COLORS[name] for name in names if name in METHOD_COLORS}
     for name in names:
-        if name in METHOD_COLORS:
-            colors[name] = METHOD_COLORS[name]
-        else:
-            colors[name] = _OTHER_COLORS[extra % len(_OTHER_COLORS)]
-            extra += 1
-    return colors
+        if name in colors:
+            continue
+        used = set(colors.values())
+        bases = [m for m in METHOD_COLORS if name.startswith(m + "_")]
+        base = METHOD_COLORS[max(bases, key=len)] if bases else None
+        free = [c for c in _OTHER_COLORS if c not in used]
+        colors[name] = base if base is not None and base not in used else free[0] if free else _OTHER_COLORS[len(colors) % len(_OTHER_COLORS)]
+    return {name: colors[name] for name in names}
 
 
 # ---------------------------------------------------------------- aggregation over seeds
@@ -462,12 +471,24 @@ def _draw(panel: Panel, curves: dict[tuple[str, str], Curve], colors: dict[str, 
     ax.set_title(panel_title(panel, max_seeds, any(c.interval is not None for c in curves.values()), window), fontsize=10)
     ax.set_xlabel(X_LABELS[panel.x])
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if (formatter := _thousands(max((float(np.nanmax(c.x)) for c in curves.values() if len(c.x)), default=0.0))) is not None:
+        ax.xaxis.set_major_formatter(formatter)
     ax.set_ylabel(panel.ylabel)
     if panel.unit_range:
         ax.set_ylim(-0.03, 1.03)
     ax.grid(True, alpha=0.3)
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))  # a full disk leaves no 0-byte PNG
     return path
+
+
+def _thousands(largest: float) -> Any | None:
+    """Tick labels such as 40k and 1.2M for an axis that reaches 10,000 (generated tokens), whose plain
+    labels ran into each other; None for a shorter axis (steps, minutes), labelled as it is."""
+    if largest < 10_000:
+        return None
+    from matplotlib.ticker import EngFormatter
+
+    return EngFormatter(sep="")
 
 
 def _matplotlib() -> tuple[Any, Any, Any]:
