@@ -41,7 +41,7 @@ import yaml
 
 from trace_rl.core.tree import read_jsonl
 from trace_rl.infra.config import load_config
-from trace_rl.planning.metrics import agreeing_budget
+from trace_rl.planning.metrics import agreeing_budget, replay_unsolved_share
 from trace_rl.report.plots import find_runs, plot_metrics
 from trace_rl.research.compare import CompareConfig, summarise, summary_table
 from trace_rl.research.reproduce import code_at, train_with
@@ -277,15 +277,21 @@ UNMIXED = ("failed_budget_share", "solved_budget_share", "most_leaves_unmixed")
 
 def tree_figures(run: Path, warmup: int, at_least: int) -> dict | None:
     """A run's `UNMIXED` figures from its saved trees, means over the steps after `warmup`; also the
-    largest `most_leaves_unmixed` and on how many steps some prompt got `at_least` rollouts without
-    mixing. None for a run without saved trees after the warm-up."""
-    steps = np.array([agreeing_budget(read_jsonl(path)) for path in sorted((run / "trees").glob("step_*.jsonl"))
-                      if int(path.stem.split("_")[1]) > warmup], dtype=np.float64).reshape(-1, len(UNMIXED))
+    largest `most_leaves_unmixed`, on how many steps some prompt got `at_least` rollouts without
+    mixing, and `rollout/unsolved_share` as the trainer logs it (`replay_unsolved_share`: the tally runs
+    over every step, the mean is over those after `warmup`). None for a run without saved trees after
+    the warm-up."""
+    files = RunDir(run).tree_files()
+    batches = {step: read_jsonl(path) for step, path in files.items()}
+    unsolved = dict(zip(batches, replay_unsolved_share(batches.values())))
+    kept = [step for step in batches if step > warmup]
+    steps = np.array([agreeing_budget(batches[step]) for step in kept], dtype=np.float64).reshape(-1, len(UNMIXED))
     if not steps.size:
         return None
     most = steps[:, 2]
     return {"steps": len(steps), **{k: float(v) for k, v in zip(UNMIXED, steps.mean(axis=0))},
-            "most_leaves_unmixed_max": float(most.max()), f"steps_with_{at_least}_or_more_unmixed": int((most >= at_least).sum())}
+            "most_leaves_unmixed_max": float(most.max()), f"steps_with_{at_least}_or_more_unmixed": int((most >= at_least).sum()),
+            "unsolved_share": float(np.mean([unsolved[step] for step in kept]))}
 
 
 def trees(run_dir: Path, warmup: int = 5, at_least: int = 12) -> dict:
@@ -364,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="a dotted override, for a field the run's config predates (repeatable)")
     signals = commands.add_parser("signal", help="which allocation figure goes with held-out gain, over every results folder")
     signals.add_argument("--results", type=Path, default=REPO / "docs" / "results")
-    saved = commands.add_parser("trees", help="where the budget went, recomputed from a comparison's saved trees")
+    saved = commands.add_parser("trees", help="where the budget went, recomputed from a comparison's saved trees (unmixed groups, rollouts on prompts shown unsolved)")
     saved.add_argument("run_dir", type=Path)
     saved.add_argument("--warmup", type=int, default=5, help="steps left out at the start (default 5)")
     saved.add_argument("--at-least", type=int, default=12, help="count steps where a prompt got this many rollouts without mixing")

@@ -20,7 +20,8 @@ def _tree(task_id: str, rewards: list[float], predicted: float = 0.5) -> Rollout
 def test_references_start_at_a_half_then_learn_the_mean_and_each_prompt():
     refs = ReferencePredictors()
     first = [_tree("a", [1.0, 1.0]), _tree("b", [0.0, 0.0])]
-    assert refs.score(first) == {f"predictor/brier_{r}{s}": 0.25 for r in ("constant", "history") for s in ("", "_census")}
+    expected = {f"predictor/brier_{r}{s}": 0.25 for r in ("constant", "history") for s in ("", "_census")}
+    assert refs.score(first) == {**expected, "rollout/unsolved_share": 0.0}
     refs.update(first)
     again = [_tree("a", [1.0, 0.0]), _tree("c", [1.0, 1.0])]
     scores = refs.score(again)
@@ -31,7 +32,7 @@ def test_references_start_at_a_half_then_learn_the_mean_and_each_prompt():
 
 def test_only_rollouts_started_where_an_estimate_was_made_are_scored_and_state_round_trips():
     refs = ReferencePredictors()
-    assert refs.score([_tree("a", [1.0], predicted=None)]) == {}
+    assert refs.score([_tree("a", [1.0], predicted=None)]) == {"rollout/unsolved_share": 0.0}
     refs.update([_tree("a", [1.0, 1.0, 0.0])])
     copy = ReferencePredictors()
     copy.load_state_dict(refs.state_dict())
@@ -75,3 +76,30 @@ def test_the_step_brier_carries_a_standard_error_over_prompts_worked_by_hand():
     # one prompt: no spread across prompts to read, so no figure
     assert brier_standard_error(p, y, np.zeros(4)) is None
     assert "predictor/brier_se" not in predictor_metrics([_tree("a", [1.0, 0.0])])
+
+
+def test_the_unsolved_share_counts_rollouts_on_prompts_failed_at_least_twelve_times_worked_by_hand():
+    from trace_rl.planning.metrics import UnsolvedTally, replay_unsolved_share
+
+    refs = ReferencePredictors()
+    steps = [
+        [_tree("a", [0.0] * 8), _tree("b", [0.0] * 12), _tree("c", [0.0] * 6 + [1.0] * 6)],
+        [_tree("a", [0.0] * 4), _tree("b", [0.0] * 2), _tree("c", [0.0] * 2)],  # only b is 0 for 12 so far
+        [_tree("a", [0.0] * 3, predicted=None), _tree("b", [1.0]), _tree("d", [0.0] * 2)],  # a 0 for 12 now; b too
+        [_tree("a", [0.0]), _tree("b", [0.0] * 3)],  # b has a success now: solved
+    ]
+    logged = []
+    for trees in steps:
+        logged.append(refs.score(trees)["rollout/unsolved_share"])
+        refs.update(trees)
+    assert logged == pytest.approx([0.0, 2 / 8, (3 + 1) / 6, 1 / 4])
+    assert replay_unsolved_share(steps) == pytest.approx(logged)  # the saved-tree path agrees
+    assert replay_unsolved_share(steps, after=8) == pytest.approx([0.0, (4 + 2) / 8, 4 / 6, 1 / 4])
+    # a resume continues the tally; a checkpoint from before it rebuilds the tally from the history
+    state = refs.state_dict()
+    for kept in (state, {k: v for k, v in state.items() if k != "unsolved"}):
+        again = ReferencePredictors()
+        again.load_state_dict(kept)
+        probe = [_tree("a", [0.0]), _tree("c", [0.0])]
+        assert again.score(probe) == refs.score(probe) and again.score(probe)["rollout/unsolved_share"] == 0.5
+    assert UnsolvedTally().share([]) == 0.0

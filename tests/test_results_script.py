@@ -161,7 +161,7 @@ def _saved_trees(run: Path, steps: dict[int, list[list[float]]], planned: int = 
 
 
 def test_trees_recomputes_where_the_budget_went_from_saved_trees_after_the_warmup(tmp_path: Path) -> None:
-    """Runs made before the unmixed-budget figures existed get them from their trees; warm-up steps, the
+    """Runs made before the unmixed-budget figures (and `rollout/unsolved_share`) existed get them from their trees; warm-up steps, the
     starting policy's folder, a run without trees and a run still going are left out."""
     _saved_trees(tmp_path / "trace" / "seed_0", {
         1: [[0.0] * 30],  # the warm-up: not counted
@@ -181,6 +181,9 @@ def test_trees_recomputes_where_the_budget_went_from_saved_trees_after_the_warmu
     assert seed0["solved_budget_share"] == pytest.approx((2 / 16 + 3 / 8) / 2)
     assert seed0["most_leaves_unmixed"] == pytest.approx((12 + 3) / 2)
     assert seed0["most_leaves_unmixed_max"] == 12 and seed0["steps_with_12_or_more_unmixed"] == 1
+    # prompt 0 was 0 for 30 in the warm-up (the tally counts it), so step 6's 2 rollouts on it were spent
+    # on a prompt shown unsolved; prompt 1 is 0 for 12 after step 6, so step 7's 2 on it likewise
+    assert seed0["unsolved_share"] == pytest.approx((2 / 16 + 2 / 8) / 2)
     assert found["methods"]["trace"]["mean"]["failed_budget_share"] == pytest.approx((seed0["failed_budget_share"] + 0.0) / 2)
 
 

@@ -13,7 +13,8 @@ benchmark and the report all use.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -125,6 +126,56 @@ def rollout_metrics(trees: Sequence[RolloutTree]) -> dict[str, float]:
         "num_turns/mean": float(np.mean(turns)),
         **tool_metrics(trees),
     }
+
+
+UNSOLVED_AFTER = 12
+"""Earlier rollouts, all failed, after which a prompt counts as unsolved in `rollout/unsolved_share`:
+0 for 12 puts its success rate below 22% at 95% confidence (1 - 0.05^(1/12))."""
+
+
+class UnsolvedTally:
+    """Each prompt's rollouts and summed rewards so far in a run, and the share of a step's rollouts
+    spent on prompts that had failed every one of at least `after` of them (`rollout/unsolved_share`):
+    budget an allocator gave to what the run had already shown unsolved. The trainer keeps one
+    (`trace_rl.predictor.baselines.ReferencePredictors`); `replay_unsolved_share` rebuilds it from a
+    run's saved trees."""
+
+    def __init__(self, after: float = UNSOLVED_AFTER) -> None:
+        self.after = float(after)
+        self.trials: dict[str, float] = {}
+        self.successes: dict[str, float] = {}
+
+    def share(self, trees: Sequence[RolloutTree]) -> float:
+        """Of the leaves of `trees` (one step, before `add`), the share on prompts unsolved so far."""
+        leaves = [len(t.leaves()) for t in trees]
+        total = sum(leaves)
+        spent = sum(n for t, n in zip(trees, leaves) if self.trials.get(t.task_id, 0.0) >= self.after and self.successes.get(t.task_id, 0.0) <= 0.0)
+        return spent / total if total else 0.0
+
+    def add(self, trees: Sequence[RolloutTree]) -> None:
+        for tree in trees:
+            rewards = tree.leaf_rewards()
+            self.trials[tree.task_id] = self.trials.get(tree.task_id, 0.0) + float(rewards.size)
+            self.successes[tree.task_id] = self.successes.get(tree.task_id, 0.0) + float(rewards.sum())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"after": self.after, "trials": dict(self.trials), "successes": dict(self.successes)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.after = float(state["after"])
+        self.trials = {k: float(v) for k, v in state["trials"].items()}
+        self.successes = {k: float(v) for k, v in state["successes"].items()}
+
+
+def replay_unsolved_share(steps: Iterable[Sequence[RolloutTree]], *, after: float = UNSOLVED_AFTER) -> list[float]:
+    """`rollout/unsolved_share` of each step of a run from its saved trees in step order (for runs
+    made before the trainer logged it): the same tally, fed the same trees."""
+    tally = UnsolvedTally(after)
+    shares = []
+    for trees in steps:
+        shares.append(tally.share(trees))
+        tally.add(trees)
+    return shares
 
 
 UNAVAILABLE = ("unavailable", "timeout")
@@ -287,6 +338,7 @@ DEFINITIONS: dict[str, str] = {
     "rollout/tokens_prefill": "Context tokens the engine had to prefill (each call's context less its cached tokens).",
     "rollout/tokens_prompt": "Prompt tokens of the prompts that were allocated rollouts (root budget > 0).",
     "rollout/tokens_planned": "Expected tokens the planner's requests spend (token budgets only).",
+    "rollout/unsolved_share": "Share of the step's rollouts spent on prompts that had failed every one of at least 12 earlier rollouts in the run (`UNSOLVED_AFTER`): budget given to what the run had shown unsolved.",
     "rollout/weight_version": "The policy version (updates done) the step's rollouts were sampled from.",
     "rollout/engine_freed_mb": "Memory the engine freed before the update (its prefix cache and weight copy, stale once the update runs), MiB.",
     "rollout/weight_push_bytes": "Bytes of weights pushed to the Ray rollout workers for the step (`rollout.backend=ray`).",
