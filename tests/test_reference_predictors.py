@@ -103,3 +103,7 @@ def test_the_unsolved_share_counts_rollouts_on_prompts_failed_at_least_twelve_ti
         probe = [_tree("a", [0.0]), _tree("c", [0.0])]
         assert again.score(probe) == refs.score(probe) and again.score(probe)["rollout/unsolved_share"] == 0.5
     assert UnsolvedTally().share([]) == 0.0
+    # a penalty is no success, partial credit is one
+    tally = UnsolvedTally()
+    tally.add([_tree("p", [-0.5] * 12), _tree("q", [0.0] * 11 + [0.2])])
+    assert tally.share([_tree("p", [0.0]), _tree("q", [0.0])]) == 0.5

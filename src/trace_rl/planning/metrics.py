@@ -134,8 +134,8 @@ UNSOLVED_AFTER = 12
 
 
 class UnsolvedTally:
-    """Each prompt's rollouts and summed rewards so far in a run, and the share of a step's rollouts
-    spent on prompts that had failed every one of at least `after` of them (`rollout/unsolved_share`):
+    """Each prompt's rollouts and rewarded rollouts (reward > 0) so far in a run, and the share of a
+    step's rollouts spent on prompts none of whose at least `after` rollouts earned a reward (`rollout/unsolved_share`):
     budget an allocator gave to what the run had already shown unsolved. The trainer keeps one
     (`trace_rl.predictor.baselines.ReferencePredictors`); `replay_unsolved_share` rebuilds it from a
     run's saved trees."""
@@ -156,7 +156,7 @@ class UnsolvedTally:
         for tree in trees:
             rewards = tree.leaf_rewards()
             self.trials[tree.task_id] = self.trials.get(tree.task_id, 0.0) + float(rewards.size)
-            self.successes[tree.task_id] = self.successes.get(tree.task_id, 0.0) + float(rewards.sum())
+            self.successes[tree.task_id] = self.successes.get(tree.task_id, 0.0) + float((rewards > 0).sum())
 
     def state_dict(self) -> dict[str, Any]:
         return {"after": self.after, "trials": dict(self.trials), "successes": dict(self.successes)}

@@ -61,7 +61,7 @@ class ReferencePredictors:
         self.history.load_state_dict(state["history"])
         if "unsolved" in state:
             self.unsolved.load_state_dict(state["unsolved"])
-        else:  # a checkpoint from before the tally: the history holds the same per-prompt counts
+        else:  # a checkpoint from before the tally: the history's counts (its summed rewards are > 0 where one was)
             self.unsolved = UnsolvedTally()
             self.unsolved.trials, self.unsolved.successes = dict(self.history.trials), dict(self.history.successes)
         self.successes, self.rollouts = float(state["successes"]), float(state["rollouts"])

@@ -262,8 +262,8 @@ _OTHER_COLORS = (
 def method_colors(names: Sequence[str]) -> dict[str, str]:
     """A fixed colour per registered method (so `trace` looks the same in every figure). A variant
     named after one (`grpo_8`, `dapo_8x4`) takes its method's colour when that method is not in the
-    figure, else the first colour no row of the figure has yet: no two rows share a colour while the
-    palette lasts (26 rows)."""
+    figure, else the first of 16 spare colours no row of the figure has yet, so no two rows share one
+    until the spares run out."""
     colors = {name: METHOD_COLORS[name] for name in names if name in METHOD_COLORS}
     for name in names:
         if name in colors:
