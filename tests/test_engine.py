@@ -331,6 +331,31 @@ def test_the_cache_stays_within_its_budget_and_keeps_the_newest() -> None:
     assert cache.lookup([7] * 30)[1] == 29  # the prompt's last token is always run
 
 
+def test_after_a_clear_the_cache_answers_as_a_new_one_whatever_came_before() -> None:
+    """A resumed run starts with a new engine, an unbroken one with the cache its last update cleared:
+    both must pick the same entry among equally long matches, or their log-probs part at float noise
+    and the runs drift apart (found when a resumed run left its unbroken twin after an evaluation)."""
+    from trace_rl.engine.hf import PrefixCache
+
+    def layers(length):
+        return [(torch.zeros(1, length, 2), torch.zeros(1, length, 2))]
+
+    head = list(range(100, 116))  # the 16 tokens entries are indexed by
+    used = PrefixCache(max_bytes=10**6)
+    for n in range(7):  # an engine with a past: ids and clock have moved on
+        used.insert([n] * 20, layers(20))
+        used.lookup([n] * 21)
+    used.clear()
+    fresh = PrefixCache(max_bytes=10**6)
+    for cache in (fresh, used):
+        cache.insert(head + [1, 2, 3], layers(19))
+        cache.insert(head + [1, 2, 4], layers(19))  # ties with the first for a prompt going on 1, 2, 5
+    (entry, length), (again, again_length) = (cache.lookup(head + [1, 2, 5, 6]) for cache in (fresh, used))
+    assert length == again_length == 18
+    assert entry.tokens.tolist() == again.tokens.tolist() == head + [1, 2, 3]  # the earliest of the tie
+    assert used._next_id == fresh._next_id and used._clock == fresh._clock
+
+
 def test_byte_stop_matching_agrees_with_decoding_the_tail(policy: Policy) -> None:
     from trace_rl.engine.hf import StopMatcher, byte_table
 

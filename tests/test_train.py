@@ -136,6 +136,38 @@ def test_eval_on_start_logs_the_starting_policys_accuracy_as_step_0_once(tmp_pat
     assert folder.metrics() == [] and folder.tree_files() == {}
 
 
+def test_a_run_on_the_hf_engine_resumed_after_an_evaluation_matches_the_unbroken_run(tmp_path):
+    """The real engine keeps a prefix cache; a resumed run starts with an empty one, so an unbroken run
+    must not carry an evaluation's entries into its next step (nor break ties by its past), or the two
+    part at float noise and drift apart."""
+    from trace_rl.engine.hf import HFEngine
+
+    def hf_parts(config: RunConfig) -> Parts:
+        parts = scripted_parts(config, tmp_path / "cache")
+        engine = HFEngine.from_policy(parts.policy, prefix_cache_mb=64)
+        collector = TreeRolloutCollector(engine, parts.policy.tokenizer, parts.env, parts.predictor, config.rollout, seed=config.seed)
+        return replace(parts, engine=engine, collector=collector)
+
+    class Killed(Exception):
+        pass
+
+    def die_after_step_3(step, metrics):
+        if step == 3:
+            raise Killed
+
+    config = small_config(steps=4, checkpoint_every=2)  # evaluations at steps 2 and 4
+    unbroken = build_trainer(config, hf_parts(config), tmp_path / "unbroken")
+    unbroken.run()
+    first = build_trainer(config, hf_parts(config), tmp_path / "broken")
+    with pytest.raises(Killed):
+        first.run(on_step=die_after_step_3)
+    resumed = build_trainer(config, hf_parts(config), tmp_path / "broken")
+    assert resumed.load_checkpoint() == 2
+    resumed.run()
+    logged = metrics_without_timing(tmp_path / "unbroken")
+    assert metrics_without_timing(tmp_path / "broken") == logged
+
+
 def test_a_lora_run_trains_only_its_adapters_and_resumes_to_the_same_weights(tmp_path):
     pytest.importorskip("peft")
     cache = tmp_path / "cache"

@@ -98,8 +98,12 @@ class PrefixCache:
         self.nbytes = 0
 
     def clear(self) -> None:
+        """Empty, and as new: entry ids and the use clock restart, so what the cache answers next
+        depends only on what it holds (a resumed run's new engine and its unbroken twin agree)."""
         self.entries.clear()
         self._by_head.clear()
+        self._next_id = 0
+        self._clock = 0
         self.nbytes = 0
 
     def lookup(self, prompt: list[int]) -> tuple[_Entry | None, int]:
@@ -110,7 +114,7 @@ class PrefixCache:
         ids = self._by_head.get(tuple(prompt[: self._KEY]), ())
         best, best_length = None, 0
         query = np.asarray(prompt, dtype=np.int64)
-        for entry_id in ids:
+        for entry_id in sorted(ids):  # a tie goes to the earliest entry, not to a set's hash order
             entry = self.entries[entry_id]
             n = min(entry.tokens.size, query.size - 1)
             differ = np.flatnonzero(entry.tokens[:n] != query[:n])

@@ -498,7 +498,13 @@ class Trainer:
         def progress(done: int, total: int) -> None:
             self._phase(f"evaluation: {done}/{total} rollouts")
 
-        return held_out_accuracy(self.setup.collector, self.setup.test_tasks, self.cfg.eval_samples, progress)
+        figures = held_out_accuracy(self.setup.collector, self.setup.test_tasks, self.cfg.eval_samples, progress)
+        # The engine's prefix cache now holds the evaluation's contexts; a run resumed after this step
+        # starts with an empty one. Emptied here, every step starts from the same engine state, resumed
+        # or not (cached and recomputed keys differ at float noise, enough for two runs to drift apart).
+        if (release := getattr(self.setup.engine, "release_memory", None)) is not None:
+            release()
+        return figures
 
     def _phase(self, text: str) -> None:
         if self.on_phase is not None:
