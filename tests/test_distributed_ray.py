@@ -144,6 +144,7 @@ def test_after_a_weight_update_the_actors_sample_the_new_weights(world, tmp_path
 
     before_local, before_ray = both()
     assert_same_trees(before_local, before_ray)
+    assert executor.release_memory() > 0 and executor.release_memory() == 0  # the actors' caches, emptied
     with torch.no_grad():
         generator = torch.Generator().manual_seed(0)
         for parameter in policy.model.parameters():

@@ -75,6 +75,11 @@ class RolloutWorker:
                                f"trainable but not sent {sorted(trainable - set(state))[:3]}")
         self.runner.engine.update_weights(self.model, version=version)
 
+    def release_memory(self) -> int:
+        """The actor's engine's `release_memory` (its prefix cache and weight copy), if it has one; bytes freed."""
+        release = getattr(self.runner.engine, "release_memory", None)
+        return int(release()) if release is not None else 0
+
     def run(self, part: Batch, requests: list[Request], seed: int, temperature: float | None) -> Batch:
         """`part` grown by `requests`; its `states` hold only the states of the nodes made here."""
         given = set(part.states)
@@ -119,6 +124,11 @@ class RayExecutor:
             merge(batch, trees, part, slowest)
         for key, seconds in slowest.items():
             batch.timings[key] += seconds
+
+    def release_memory(self) -> int:
+        """Every actor's engine forgets its prefix cache (as the trainer's own does after an evaluation,
+        so a resumed run's fresh actors and an unbroken run's start the next step alike); bytes freed."""
+        return sum(ray.get([worker.release_memory.remote() for worker in self.workers]))
 
     def _push_weights(self) -> bool:
         """Every actor loads the main model's trainable weights when their version has moved (or before

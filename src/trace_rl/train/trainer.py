@@ -500,10 +500,12 @@ class Trainer:
 
         figures = held_out_accuracy(self.setup.collector, self.setup.test_tasks, self.cfg.eval_samples, progress)
         # The engine's prefix cache now holds the evaluation's contexts; a run resumed after this step
-        # starts with an empty one. Emptied here, every step starts from the same engine state, resumed
-        # or not (cached and recomputed keys differ at float noise, enough for two runs to drift apart).
-        if (release := getattr(self.setup.engine, "release_memory", None)) is not None:
-            release()
+        # starts with an empty one. Emptied here (and on Ray's actors), every step starts from the same
+        # engine state, resumed or not (cached and recomputed keys differ at float noise, enough for two
+        # runs to drift apart).
+        for holder in (self.setup.engine, self.setup.collector.executor):
+            if (release := getattr(holder, "release_memory", None)) is not None:
+                release()
         return figures
 
     def _phase(self, text: str) -> None:
