@@ -141,13 +141,17 @@ def reproduce(run: Path, steps: int, commit: str | None = None, overrides: Seque
     1e-9, the JSON round trip). The rerun skips evaluation, which draws from the run's random state,
     so only steps before the run's first evaluation can be compared. `overrides` (dotted key=value)
     are for rerunning on later code: a config.yaml holds only the fields its code had, and a field
-    added since takes its default (e.g. `sft.packing=false` keeps an older run's warm start)."""
+    added since takes its default (e.g. `sft.packing=false` keeps an older run's warm start).
+    `resumed_within`: the run's resumes (`code.json`) before the last compared step, each with the
+    commit it continued with: steps after one made by other code are not that commit's to reproduce."""
     recorded = {int(r["step"]): r for r in read_metrics(run / "metrics.jsonl")}
+    code = run / "code.json"
+    started = json.loads(read_run_file(code)) if run_file_exists(code) else {}
+    resumed = [r for r in started.get("resumes", []) if int(r["step"]) < steps]
     if commit is None:
-        code = run / "code.json"
         if not run_file_exists(code):
             raise ValueError(f"{run} has no code.json: name the commit it was made with (--commit)")
-        commit = json.loads(read_run_file(code))["commit"]
+        commit = started["commit"]
         if not commit:
             raise ValueError(f"{code} records no commit (the run was made outside a git checkout): pass --commit")
         if commit.endswith("+dirty"):
@@ -164,7 +168,7 @@ def reproduce(run: Path, steps: int, commit: str | None = None, overrides: Seque
     compared, mismatches = compare_steps(recorded, rerun, steps)
     # Float rounding (another batch layout, another machine) moves values by ~1e-7; a real change by far more.
     worst = max((abs(m["rerun"] - m["recorded"]) / max(abs(m["recorded"]), 1e-12) for m in mismatches), default=0.0)
-    return {"run": str(run), "commit": commit, "overrides": list(overrides), "steps": steps, "values_compared": compared,
+    return {"run": str(run), "commit": commit, "overrides": list(overrides), "steps": steps, "resumed_within": resumed, "values_compared": compared,
             "mismatches": mismatches, "max_relative_difference": worst, "reproduced": not mismatches and compared > 0}
 
 

@@ -217,6 +217,9 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_metrics(tmp_path):
     resumed = subprocess.run([*command[:3], "train", "--resume", str(killed)], env=env, check=True, capture_output=True, text=True, timeout=900)
     assert json.loads(resumed.stdout.strip().splitlines()[-1])["steps"] == 3
     assert metrics_without_timing(killed) == metrics_without_timing(tmp_path / "unbroken")
+    code = json.loads((killed / "code.json").read_text())
+    assert [r["step"] for r in code["resumes"]] == [2] and code["resumes"][0]["commit"] == code["commit"]
+    assert "resumes" not in json.loads((tmp_path / "unbroken" / "code.json").read_text())
 
 
 def test_compare_trains_every_method_and_seed_and_writes_the_summary(tmp_path, monkeypatch):

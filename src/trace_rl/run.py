@@ -686,6 +686,7 @@ def train_run(
         trainer = build_trainer(config, parts, folder)
         if state is not None:
             trainer.restore(state)
+            folder.record_resume(trainer.step)
         else:
             folder.rewind(-1)  # from the start: a step-0 evaluation (`train.eval_on_start`) is made again too
         steps_bar = bar.task(run_label(folder.path, config.rollout.method), total=config.train.steps, completed=trainer.step) if bar else None

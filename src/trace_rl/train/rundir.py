@@ -7,7 +7,8 @@
       trees/step_XXXX.jsonl    every tree a step sampled (`trace_rl.core.tree.write_jsonl`)
       checkpoints/step_XXXX.pt the last two checkpoints; `checkpoints/latest` names the newest. Each holds
                                the config its steps were trained with and its step's metrics record
-      code.json                the code the run was started with (`record_code`)
+      code.json                the code the run was started with (`record_code`), and each resume: the
+                               step it continued from, the code it continued with, when (`record_resume`)
       .lock                    held (flock) by the one process writing the folder (`RunDir.lock`)
       report.html, *.png       written by `trace-rl report`
 
@@ -47,6 +48,7 @@ remote code), send prompts to `engine.server_urls` and queries to `task.search_u
 
 from __future__ import annotations
 
+import datetime
 import functools
 import io
 import json
@@ -143,6 +145,21 @@ class RunDir:
             f"{self.path} was started with trace-rl at commit {started['commit']}, and continues at {now['commit']}: "
             "config fields added since take today's defaults (continue it from a checkout of that commit to train it exactly as begun)"
         )
+
+    def record_resume(self, step: int) -> None:
+        """Add a resume to `code.json`'s `resumes`: the checkpoint step it continues from, the commit it
+        continues with and when (UTC). The steps after it were made by another process, perhaps with
+        other code, which whoever reruns or reads the run may need to know. Nothing when `code.json` is
+        missing or unreadable (`record_code` has said so)."""
+        try:
+            record = json.loads(self.code_path.read_text())
+        except (OSError, ValueError):
+            return
+        if not isinstance(record, dict):
+            return
+        when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        record.setdefault("resumes", []).append({"step": int(step), "commit": code_version()["commit"], "at": when})
+        atomic_write(self.code_path, lambda tmp: Path(tmp).write_text(json.dumps(record)))
 
     @property
     def trees_dir(self) -> Path:
