@@ -41,7 +41,7 @@ import yaml
 
 from trace_rl.core.tree import read_jsonl
 from trace_rl.infra.config import load_config
-from trace_rl.planning.metrics import agreeing_budget, replay_unsolved_share
+from trace_rl.planning.metrics import UnsolvedTally, agreeing_budget
 from trace_rl.report.plots import find_runs, plot_metrics
 from trace_rl.research.compare import CompareConfig, summarise, summary_table
 from trace_rl.research.reproduce import code_at, train_with
@@ -282,20 +282,24 @@ UNMIXED = ("failed_budget_share", "solved_budget_share", "most_leaves_unmixed")
 def tree_figures(run: Path, warmup: int, at_least: int) -> dict | None:
     """A run's `UNMIXED` figures from its saved trees, means over the steps after `warmup`; also the
     largest `most_leaves_unmixed`, on how many steps some prompt got `at_least` rollouts without
-    mixing, and `rollout/unsolved_share` as the trainer logs it (`replay_unsolved_share`: the tally runs
+    mixing, and `rollout/unsolved_share` as the trainer logs it (the trainer's `UnsolvedTally`: the tally runs
     over every step, the mean is over those after `warmup`). None for a run without saved trees after
     the warm-up."""
-    files = RunDir(run).tree_files()
-    batches = {step: read_jsonl(path) for step, path in files.items()}
-    unsolved = dict(zip(batches, replay_unsolved_share(batches.values())))
-    kept = [step for step in batches if step > warmup]
-    steps = np.array([agreeing_budget(batches[step]) for step in kept], dtype=np.float64).reshape(-1, len(UNMIXED))
+    figures, unsolved = [], []
+    tally = UnsolvedTally()
+    for step, path in sorted(RunDir(run).tree_files().items()):  # one step's trees in memory at a time
+        batch = read_jsonl(path)
+        if step > warmup:
+            figures.append(agreeing_budget(batch))
+            unsolved.append(tally.share(batch))
+        tally.add(batch)
+    steps = np.array(figures, dtype=np.float64).reshape(-1, len(UNMIXED))
     if not steps.size:
         return None
     most = steps[:, 2]
     return {"steps": len(steps), **{k: float(v) for k, v in zip(UNMIXED, steps.mean(axis=0))},
             "most_leaves_unmixed_max": float(most.max()), f"steps_with_{at_least}_or_more_unmixed": int((most >= at_least).sum()),
-            "unsolved_share": float(np.mean([unsolved[step] for step in kept]))}
+            "unsolved_share": float(np.mean(unsolved))}
 
 
 def trees(run_dir: Path, warmup: int = 5, at_least: int = 12) -> dict:

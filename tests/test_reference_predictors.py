@@ -79,7 +79,7 @@ def test_the_step_brier_carries_a_standard_error_over_prompts_worked_by_hand():
 
 
 def test_the_unsolved_share_counts_rollouts_on_prompts_failed_at_least_twelve_times_worked_by_hand():
-    from trace_rl.planning.metrics import UnsolvedTally, replay_unsolved_share
+    from trace_rl.planning.metrics import UnsolvedTally
 
     refs = ReferencePredictors()
     steps = [
@@ -93,8 +93,11 @@ def test_the_unsolved_share_counts_rollouts_on_prompts_failed_at_least_twelve_ti
         logged.append(refs.score(trees)["rollout/unsolved_share"])
         refs.update(trees)
     assert logged == pytest.approx([0.0, 2 / 8, (3 + 1) / 6, 1 / 4])
-    assert replay_unsolved_share(steps) == pytest.approx(logged)  # the saved-tree path agrees
-    assert replay_unsolved_share(steps, after=8) == pytest.approx([0.0, (4 + 2) / 8, 4 / 6, 1 / 4])
+    stricter, shares = UnsolvedTally(after=8), []
+    for trees in steps:
+        shares.append(stricter.share(trees))
+        stricter.add(trees)
+    assert shares == pytest.approx([0.0, (4 + 2) / 8, 4 / 6, 1 / 4])
     # a resume continues the tally; a checkpoint from before it rebuilds the tally from the history
     state = refs.state_dict()
     for kept in (state, {k: v for k, v in state.items() if k != "unsolved"}):

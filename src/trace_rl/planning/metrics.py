@@ -13,7 +13,7 @@ benchmark and the report all use.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -137,8 +137,8 @@ class UnsolvedTally:
     """Each prompt's rollouts and rewarded rollouts (reward > 0) so far in a run, and the share of a
     step's rollouts spent on prompts none of whose at least `after` rollouts earned a reward (`rollout/unsolved_share`):
     budget an allocator gave to what the run had already shown unsolved. The trainer keeps one
-    (`trace_rl.predictor.baselines.ReferencePredictors`); `replay_unsolved_share` rebuilds it from a
-    run's saved trees."""
+    (`trace_rl.predictor.baselines.ReferencePredictors`); `scripts/results.py trees` rebuilds it from a
+    run's saved trees, for runs made before the trainer logged it."""
 
     def __init__(self, after: float = UNSOLVED_AFTER) -> None:
         self.after = float(after)
@@ -165,17 +165,6 @@ class UnsolvedTally:
         self.after = float(state["after"])
         self.trials = {k: float(v) for k, v in state["trials"].items()}
         self.successes = {k: float(v) for k, v in state["successes"].items()}
-
-
-def replay_unsolved_share(steps: Iterable[Sequence[RolloutTree]], *, after: float = UNSOLVED_AFTER) -> list[float]:
-    """`rollout/unsolved_share` of each step of a run from its saved trees in step order (for runs
-    made before the trainer logged it): the same tally, fed the same trees."""
-    tally = UnsolvedTally(after)
-    shares = []
-    for trees in steps:
-        shares.append(tally.share(trees))
-        tally.add(trees)
-    return shares
 
 
 UNAVAILABLE = ("unavailable", "timeout")

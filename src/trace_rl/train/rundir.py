@@ -698,6 +698,14 @@ def _alive(pid: int) -> bool:
 def code_version() -> dict[str, str | None]:
     """The trace-rl version and the git commit of its source tree (`+dirty` with uncommitted changes;
     None outside a git checkout), recorded in each run folder's `code.json`."""
+    package, commit = _code_version()
+    return {"trace_rl": package, "commit": commit}
+
+
+@functools.cache
+def _code_version() -> tuple[str | None, str | None]:
+    """Asked once a process: the modules it runs were loaded once, so a later answer could only name
+    code it does not run (and each answer costs two `git` calls: `record_code`, then `record_resume`)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -709,5 +717,5 @@ def code_version() -> dict[str, str | None]:
         commit = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True).stdout.strip()
         dirty = subprocess.run(["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no", "."], capture_output=True, text=True, timeout=10, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return {"trace_rl": package, "commit": None}
-    return {"trace_rl": package, "commit": commit + ("+dirty" if dirty else "")}
+        return package, None
+    return package, commit + ("+dirty" if dirty else "")
