@@ -12,20 +12,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from trace_rl.report.plots import PANELS
 from trace_rl.research.compare import summary_table
 
-PLOT_TITLES = {
-    "accuracy": "Held-out accuracy by step",
-    "accuracy_vs_rollouts": "Held-out accuracy against rollouts spent",
-    "accuracy_vs_tokens": "Held-out accuracy against generated tokens",
-    "accuracy_vs_minutes": "Held-out accuracy against wall-clock minutes",
-    "reward": "Training reward",
-    "effective_ratio": "Effective ratio (share of the sampled prompts, and of every candidate, whose group mixes)",
-    "mixed_budget_share": "Budget share in mixed groups",
-    "per_ktoken": "Mixed prompts and leaves per 1,000 generated tokens",
-    "calibration": "Predictor calibration",
-    "calibration_census": "Predictor calibration on every rollout",
-}
+ORDER = {panel.name: i for i, panel in enumerate(PANELS)}
+TITLES = {panel.name: panel.title for panel in PANELS}
+"""A plot's place and heading on its page: the order and titles `plot_metrics` draws them with."""
 
 
 def comparisons(docs_dir: Path) -> list[Path]:
@@ -70,12 +62,15 @@ def page(folder: Path) -> str:
         parts += ["## The pre-registered analysis", "",
                   (f"Every row of the study, over all its phases' folders, and the contrasts its plan names, paired by seed "
                    f"(`study.json`, made by the command in `command.txt`).{plan}"), "", (folder / "study.md").read_text(), ""]
-    plots = sorted((folder / "plots").glob("*.png"))
+    plots = list((folder / "study_plots").glob("*.png")) or list((folder / "plots").glob("*.png"))
+    plots.sort(key=lambda plot: (ORDER.get(plot.stem, len(ORDER)), plot.stem))
     if plots:
         parts += ["## Plots", ""]
+        if plots[0].parent.name == "study_plots":  # every row of the study; this folder's rows alone are in plots/
+            parts += ["Every row of the study, over all its folders (`study_plots/`; this folder's rows alone: `plots/`).", ""]
         for plot in plots:
-            title = PLOT_TITLES.get(plot.stem, plot.stem.replace("_", " "))
-            parts += [f"### {title}", "", f"![{title}]({folder.name}/plots/{plot.name})", ""]
+            title = TITLES.get(plot.stem, plot.stem.replace("_", " "))
+            parts += [f"### {title}", "", f"![{title}]({folder.name}/{plot.parent.name}/{plot.name})", ""]
     return "\n".join(parts)
 
 

@@ -107,15 +107,20 @@ def pack(folder: Path) -> dict:
     return {"folder": str(folder), "archive": str(archive) if archive else None, "plots": [str(p) for p in shrink_plots(folder)]}
 
 
+STUDY_PLOTS = "study_plots"
+"""Where `study --out` draws every row of a study (all its folders); the results page shows them."""
+
+
 def shrink_plots(folder: Path) -> list[Path]:
-    """Re-encode the PNGs in `folder/plots` with a palette of 256 colours (Pillow's octree, no dithering):
-    a third of the bytes of matplotlib's 8-bit RGBA, the lines and bands drawn the same (the curves are
-    noise to a PNG's compression; the numbers behind them are in the run logs, and `plot_path` draws them
-    again). A plot already in a palette is left as it is; returns those re-encoded."""
+    """Re-encode the PNGs in `folder/plots` (and a study's `folder/study_plots`) with a palette of 256
+    colours (Pillow's octree, no dithering): a third of the bytes of matplotlib's 8-bit RGBA, the lines
+    and bands drawn the same (the curves are noise to a PNG's compression; the numbers behind them are
+    in the run logs, and `plot_path` draws them again). A plot already in a palette is left as it is;
+    returns those re-encoded."""
     from PIL import Image
 
     changed = []
-    for path in sorted((folder / "plots").glob("*.png")):
+    for path in sorted([*(folder / "plots").glob("*.png"), *(folder / STUDY_PLOTS).glob("*.png")]):
         with Image.open(path) as image:
             if image.mode == "P":
                 continue
@@ -369,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     studying.add_argument("--baseline-seeds", nargs="*", type=int, default=[], help="the seeds it is chosen on")
     studying.add_argument("--order", nargs="*", default=[], help="rows in this order in the table (others after)")
     studying.add_argument("--pauses", type=Path, help="a log of pauses, taken out of live runs' wall-clock")
-    studying.add_argument("--out", type=Path, help="write study.json, study.md and plots (study_plots/) here")
+    studying.add_argument("--out", type=Path, help=f"write study.json, study.md and plots ({STUDY_PLOTS}/) here")
     again = commands.add_parser("reproduce", help="rerun a run folder's first steps with its own code and compare their metrics")
     again.add_argument("run_dir", type=Path)
     again.add_argument("--steps", type=int, default=2)
@@ -410,7 +415,8 @@ def main(argv: list[str] | None = None) -> int:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "study.json").write_text(json.dumps(result, indent=1) + "\n")
             (args.out / "study.md").write_text(text)
-            plot_metrics(corrected_runs(args.folders, pauses), args.out / "study_plots")
+            plot_metrics(corrected_runs(args.folders, pauses), args.out / STUDY_PLOTS)
+            shrink_plots(args.out)
         print(text)
         return 0
     if args.command == "probe":

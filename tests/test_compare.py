@@ -194,7 +194,17 @@ def test_exported_results_hold_the_runs_and_reproduce_the_summary_and_the_result
     assert hooks.comparisons(tmp_path / "docs") == [dest]
     text = hooks.page(dest)
     assert text.startswith("# toy\n") and "A toy comparison." in text and "trace-rl compare --config toy.yaml" in text
-    assert summary_table(summary) in text and "![Budget share in mixed groups](toy/plots/mixed_budget_share.png)" in text
+    assert summary_table(summary) in text and "![Budget in mixed-outcome trees](toy/plots/mixed_budget_share.png)" in text
+    # a study over this and other folders draws every row of it: the page shows those plots, packed too
+    from PIL import Image
+
+    (dest / "study_plots").mkdir()
+    Image.new("RGBA", (8, 8), (255, 0, 0, 255)).save(dest / "study_plots" / "accuracy.png")
+    assert results.shrink_plots(dest) == [dest / "study_plots" / "accuracy.png"]
+    with Image.open(dest / "study_plots" / "accuracy.png") as image:
+        assert image.mode == "P"
+    text = hooks.page(dest)
+    assert "![Held-out accuracy](toy/study_plots/accuracy.png)" in text and "toy/plots/" not in text
 
 
 def test_a_variant_row_runs_its_method_with_its_overrides_into_its_own_folder(tmp_path):
