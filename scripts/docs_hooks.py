@@ -15,8 +15,8 @@ from pathlib import Path
 from trace_rl.report.plots import PANELS
 from trace_rl.research.compare import summary_table
 
-ORDER = {panel.name: i for i, panel in enumerate(PANELS)}
-TITLES = {panel.name: panel.title for panel in PANELS}
+ORDER = {"contrasts": -1, **{panel.name: i for i, panel in enumerate(PANELS)}}
+TITLES = {"contrasts": "Paired differences (the study's analysis)", **{panel.name: panel.title for panel in PANELS}}
 """A plot's place and heading on its page: the order and titles `plot_metrics` draws them with."""
 
 

@@ -42,7 +42,7 @@ import yaml
 from trace_rl.core.tree import read_jsonl
 from trace_rl.infra.config import load_config
 from trace_rl.planning.metrics import UnsolvedTally, agreeing_budget
-from trace_rl.report.plots import find_runs, plot_metrics
+from trace_rl.report.plots import find_runs, plot_contrasts, plot_metrics
 from trace_rl.research.compare import CompareConfig, summarise, summary_table
 from trace_rl.research.reproduce import code_at, train_with
 from trace_rl.research.stage2_probe import probe_run
@@ -416,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
             (args.out / "study.json").write_text(json.dumps(result, indent=1) + "\n")
             (args.out / "study.md").write_text(text)
             plot_metrics(corrected_runs(args.folders, pauses), args.out / STUDY_PLOTS)
+            plot_contrasts(result, args.out / STUDY_PLOTS / "contrasts.png")
             shrink_plots(args.out)
         print(text)
         return 0

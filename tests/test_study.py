@@ -191,4 +191,21 @@ def test_results_script_study_writes_the_table_the_json_and_the_plots(tmp_path: 
     saved = json.loads((out / "study.json").read_text())
     assert saved["rows"]["grpo"]["minutes"] == pytest.approx((237 + 137 + 137) / 3 / 60)
     assert (out / "study.md").read_text() == study_markdown(saved)
-    assert (out / "study_plots" / "accuracy_vs_minutes.png").exists()
+    assert (out / "study_plots" / "accuracy_vs_minutes.png").exists() and (out / "study_plots" / "contrasts.png").exists()
+
+
+def test_the_contrast_plot_has_a_line_per_row_against_the_reference_and_per_named_contrast(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    from trace_rl.report.plots import plot_contrasts
+
+    one, two = write_study(tmp_path)
+    result = study([one, two], steps=4, reference="grpo", contrasts=["trace:pcl"], order=["grpo", "pcl", "trace"])
+    assert [row for row, figures in result["rows"].items() if figures.get("vs_reference")] == ["pcl", "trace"]
+    path = plot_contrasts(result, tmp_path / "contrasts.png")
+    with Image.open(path) as image:  # pcl − grpo, trace − grpo, trace − pcl: 1.1 + 0.3 inches a line, at 110 dpi
+        assert image.size == (round(7.6 * 110), round((1.1 + 0.3 * 3) * 110))
+    one_seed = study([one], steps=4, reference="grpo", contrasts=["trace:pcl"])  # trace has one finished seed: a dot, no interval
+    assert math.isnan(one_seed["contrasts"]["trace:pcl"]["ci95"]) and plot_contrasts(one_seed, tmp_path / "one.png") is not None
+    assert plot_contrasts({**result, "rows": {}, "contrasts": {}}, tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()

@@ -481,6 +481,43 @@ def _draw(panel: Panel, curves: dict[tuple[str, str], Curve], colors: dict[str, 
     return path
 
 
+def plot_contrasts(result: Mapping[str, Any], path: str | Path) -> Path | None:
+    """The forest plot of a pre-registered study (`trace_rl.research.study.study`): each row's final
+    accuracy minus the reference's, then each named contrast, as the mean difference paired by seed
+    with its 95% t interval and every seed's own difference as a dot. Curves of a dozen rows, each
+    with its band, overlap past reading; this is the figure the analysis is about. None when no row
+    or contrast has a difference."""
+    Figure, _, _ = _matplotlib()
+    reference = result["reference"]
+    entries = [(f"{row} − {reference}", figures["vs_reference"], row) for row, figures in result["rows"].items() if figures.get("vs_reference")]
+    named = [(f"{c['a']} − {c['b']}", c, c["a"]) for c in result.get("contrasts", {}).values() if c.get("seeds")]
+    if not entries and not named:
+        return None
+    colors = method_colors(list(dict.fromkeys(row for _, _, row in entries + named)))
+    rows = entries + named
+    height = 1.1 + 0.3 * len(rows)  # inches: 0.6 under the axes, 0.5 above, 0.3 a line
+    fig = Figure(figsize=(7.6, height), dpi=110)
+    fig.subplots_adjust(left=0.3, right=0.97, bottom=0.6 / height, top=1 - 0.5 / height)
+    ax = fig.add_subplot()
+    for i, (label, c, row) in enumerate(rows):
+        y = len(rows) - 1 - i
+        seeds = np.array(list(c["per_seed"].values()), dtype=float)
+        ax.scatter(seeds, np.full(seeds.size, y), s=10, color=colors[row], alpha=0.5, linewidths=0)
+        if math.isfinite(c["ci95"]):
+            ax.errorbar([c["mean"]], [y], xerr=[[c["ci95"]], [c["ci95"]]], fmt="o", color=colors[row], capsize=3, markersize=5, linewidth=1.6)
+        else:  # one seed: no interval to draw
+            ax.plot([c["mean"]], [y], "o", color=colors[row], markersize=5)
+    if entries and named:
+        ax.axhline(len(named) - 0.5, color="grey", linewidth=0.8)
+    ax.axvline(0.0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(rows)), [f"{label} ({c['seeds']} seeds)" for label, c, _ in reversed(rows)], fontsize=8)
+    ax.set_xlabel(f"difference in final {result['accuracy']}, paired by seed")
+    ax.set_title("Paired differences: mean and 95% t interval, dots: each seed", fontsize=10)
+    ax.grid(True, axis="x", alpha=0.3)
+    atomic_write(Path(path), lambda tmp: fig.savefig(tmp, format="png"))
+    return Path(path)
+
+
 def _thousands(largest: float) -> Any | None:
     """Tick labels such as 40k and 1.2M for an axis that reaches 10,000 (generated tokens), whose plain
     labels ran into each other; None for a shorter axis (steps, minutes), labelled as it is."""
