@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from trace_rl.planning.metrics import UNSOLVED_AFTER
 from trace_rl.report.plots import PANELS
 from trace_rl.research.compare import summary_table
+from trace_rl.research.stage2_probe import probe_markdown
 
 ORDER = {"contrasts": -1, **{panel.name: i for i, panel in enumerate(PANELS)}}
 TITLES = {"contrasts": "Paired differences (the study's analysis)", **{panel.name: panel.title for panel in PANELS}}
@@ -47,6 +49,29 @@ def about(compare_yaml: Path) -> list[str]:
     return paragraphs
 
 
+TREE_COLUMNS = (
+    ("failed_budget_share", "budget in groups that all failed", ".3f"),
+    ("solved_budget_share", "that all succeeded", ".3f"),
+    ("unsolved_share", "on prompts the run had shown unsolved", ".3f"),
+    ("most_leaves_unmixed_max", "most rollouts one prompt got unmixed", ".1f"),
+)
+
+
+def trees_markdown(result: dict) -> str:
+    """The table of `scripts/results.py trees` (`trees.json`): each method's means over its seeds."""
+    lines = ["| method | seeds | " + " | ".join(title for _, title, _ in TREE_COLUMNS) + " |", "|---" * (len(TREE_COLUMNS) + 2) + "|"]
+    for method, figures in result["methods"].items():
+        mean = figures["mean"]
+        lines.append(f"| {method} | {len(figures['seeds'])} | " + " | ".join(format(mean[key], spec) if key in mean else "—" for key, _, spec in TREE_COLUMNS) + " |")
+    lines += ["", (f"From the runs' saved trees (`trees.json`, `scripts/results.py trees`), over the steps after the first "
+                   f"{result['warmup']}. A prompt counts as shown unsolved once {UNSOLVED_AFTER} or more of its earlier rollouts "
+                   "had all failed (`rollout/unsolved_share`); the last column is the most rollouts a prompt got in one step with "
+                   "no success and failure among them, over a run's steps.")]
+    if result.get("unfinished"):
+        lines += ["", "Not counted (unfinished): " + ", ".join(result["unfinished"]) + "."]
+    return "\n".join(lines) + "\n"
+
+
 def page(folder: Path) -> str:
     """The Markdown of one comparison's page, from its committed files."""
     summary = json.loads((folder / "summary.json").read_text())
@@ -62,6 +87,14 @@ def page(folder: Path) -> str:
         parts += ["## The pre-registered analysis", "",
                   (f"Every row of the study, over all its phases' folders, and the contrasts its plan names, paired by seed "
                    f"(`study.json`, made by the command in `command.txt`).{plan}"), "", (folder / "study.md").read_text(), ""]
+    if (folder / "trees.json").exists():  # `scripts/results.py trees` on this folder's live runs
+        parts += ["## Where the budget went", "", trees_markdown(json.loads((folder / "trees.json").read_text())), ""]
+    if (folder / "probe.json").exists():  # `scripts/results.py probe` on the study's runs with a Stage 2
+        parts += ["## What Stage 2 bought", "",
+                  ("Per prefix Stage 2 continued: the chance its value gave that a continuation flips the outcome of the rollout "
+                   "it came from, against what the continuations did; and the update's side, the share of the advantage mass "
+                   "on the continuations' tokens (`probe.json`, `scripts/results.py probe`)."), "",
+                  probe_markdown(json.loads((folder / "probe.json").read_text())), ""]
     plots = list((folder / "study_plots").glob("*.png")) or list((folder / "plots").glob("*.png"))
     plots.sort(key=lambda plot: (ORDER.get(plot.stem, len(ORDER)), plot.stem))
     if plots:

@@ -97,3 +97,22 @@ def test_results_script_probe_reads_a_comparisons_rows_that_have_a_stage2(tmp_pa
         write_jsonl([tree], run / "trees" / "step_0001.jsonl")
     found = load("scripts/results.py").probe([tmp_path / "cmp"], warmup=0)
     assert list(found["rows"]) == ["trace"] and found["rows"]["trace"]["mean"]["prefixes"] == 2.0
+
+
+def test_the_probe_table_shows_each_rows_means_and_flags_a_row_valued_by_the_expectation(tmp_path: Path) -> None:
+    from repo_files import load
+
+    from trace_rl.research.stage2_probe import probe_markdown
+
+    for row, extra in (("trace", ""), ("trace_expected", "  stage2_evidence: true\n  stage2_expected: true\n")):
+        run = tmp_path / "cmp" / row / "seed_0"
+        (run / "trees").mkdir(parents=True)
+        (run / "config.yaml").write_text(f"rollout:\n  method: trace\n{extra}")
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n")
+        write_jsonl([continued_tree()], run / "trees" / "step_0001.jsonl")
+    found = load("scripts/results.py").probe([tmp_path / "cmp"], warmup=0)
+    assert [seeds["seed_0"]["valued_by"] for seeds in (found["rows"][r]["seeds"] for r in ("trace", "trace_expected"))] == ["point", "expected"]
+    text = probe_markdown(found)
+    mean = found["rows"]["trace"]["mean"]
+    assert f"| trace | 1 | 2 | {mean['predicted_mixed']:.3f} | {mean['mixed']:.3f} |" in text
+    assert "| trace_expected * | 1 |" in text and "trace_expected valued prefixes by the posterior expectation" in text

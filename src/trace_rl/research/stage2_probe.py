@@ -152,8 +152,9 @@ def probe_run(run_dir: str | Path, *, warmup: int = 5) -> dict[str, Any]:
             records += prefix_records(tree, threshold)
         for key, value in advantage_mass(trees, estimator, train.get("advantage_options") or {}).items():
             mass[key].append(value)
+    valued = "expected" if (config.get("rollout") or {}).get("stage2_expected") else "point"
     return {
-        "run": str(run_dir), "steps": steps, "estimator": estimator,
+        "run": str(run_dir), "steps": steps, "estimator": estimator, "valued_by": valued,
         **calibration(records),
         **{key: _finite_mean(values) for key, values in mass.items() if values},
     }
@@ -162,3 +163,37 @@ def probe_run(run_dir: str | Path, *, warmup: int = 5) -> dict[str, Any]:
 def _finite_mean(values: Sequence[float]) -> float:
     finite = [v for v in values if not math.isnan(v)]
     return float(np.mean(finite)) if finite else math.nan
+
+
+PROBE_COLUMNS = (
+    ("prefixes", "prefixes continued (a run)", ".0f"),
+    ("predicted_mixed", "predicted chance a prefix mixes", ".3f"),
+    ("mixed", "prefixes that mixed", ".3f"),
+    ("brier", "Brier", ".3f"),
+    ("brier_constant", "Brier of the seen rate as a constant", ".3f"),
+    ("flip_rate_predicted", "a continuation flips: predicted", ".3f"),
+    ("flip_rate", "seen", ".3f"),
+    ("continuation_token_share", "continuations' share of trained tokens", ".3f"),
+    ("continuation_mass_share", "of the advantage mass", ".3f"),
+    ("prefix_term_mass_share", "prefix term's share of the mass", ".3f"),
+)
+"""The probe's figures a results page shows, each row's mean over its seeds."""
+
+
+def probe_markdown(result: dict[str, Any]) -> str:
+    """The table of `scripts/results.py probe`'s result (`{"warmup", "rows": {row: {"seeds", "mean"}}}`),
+    a row per method with its seeds' means, and what a row valued by the posterior expectation means."""
+    lines = ["| row | seeds | " + " | ".join(title for _, title, _ in PROBE_COLUMNS) + " |", "|---" * (len(PROBE_COLUMNS) + 2) + "|"]
+    expected = []
+    for row, figures in result["rows"].items():
+        mean = figures["mean"]
+        cells = [format(mean[key], spec) if isinstance(mean.get(key), (int, float)) and math.isfinite(mean[key]) else "—" for key, _, spec in PROBE_COLUMNS]
+        if any(seed.get("valued_by") == "expected" for seed in figures["seeds"].values()):
+            expected.append(row)
+            row += " *"
+        lines.append(f"| {row} | {len(figures['seeds'])} | " + " | ".join(cells) + " |")
+    lines += ["", f"Over the steps after the first {result['warmup']}, from the runs' saved trees."]
+    if expected:
+        lines.append(f"\\* {', '.join(expected)} valued prefixes by the posterior expectation of mixing; its predictions here are the "
+                     "formula at the posterior mean, which overstate what it allocated by.")
+    return "\n".join(lines) + "\n"
