@@ -1,7 +1,7 @@
 """Results as data: export a finished comparison into docs/results/<name>/, check and query those files.
 
     python scripts/results.py export runs/paper_main docs/results/paper_main --config configs/paper_main.yaml
-    python scripts/results.py reproduce docs/results/paper_main/trace/seed_0 --commit f6b809b --steps 2
+    python scripts/results.py reproduce docs/results/groups_paper/trace/seed_0 --steps 2   # with the commit its code.json names
     python scripts/results.py signal            # which allocation figure goes with held-out gain, over every folder
     python scripts/results.py trees runs/paper_main --out docs/results/paper_main/trees.json   # figures from saved trees
     python scripts/results.py pack              # every folder under docs/results: run logs into runs.tar.xz, plots smaller
@@ -33,6 +33,7 @@ import json
 import math
 import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -56,34 +57,35 @@ from trace_rl.research.study import (
     study_markdown,
 )
 from trace_rl.train.rundir import (
+    PACKED_FILES,
     START,
     RunDir,
     pack_runs,
     read_metrics,
     read_run_file,
     run_file_exists,
+    seed_runs,
 )
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def export(run_dir: Path, dest: Path, config_path: Path, pauses: Path | None = None) -> dict:
+def export(run_dir: Path, dest: Path, config_path: Path, pauses: Path | None = None, plots: bool = True) -> dict:
     """Copy the comparison in `run_dir` (made with the compare config at `config_path`) to `dest`.
     With `pauses` (a log of when the runs were paused, `trace_rl.research.study.read_pauses`) the runs'
     step and evaluation times with those pauses taken out go to `dest/clock.json`, from the live runs'
-    tree files (which the copy leaves out); the wall-clock plots draw them."""
+    tree files (which the copy leaves out); the wall-clock plots draw them. `plots=False` for a phase of
+    a study whose page draws every row of it (`study --out`): its own plots would repeat a subset."""
     config = load_config(CompareConfig, config_path)
     dest.mkdir(parents=True, exist_ok=True)
     if not (dest / "compare.yaml").exists() or not (dest / "compare.yaml").samefile(config_path):  # re-exporting from the copy
         shutil.copyfile(config_path, dest / "compare.yaml")
     if not (dest / "command.txt").exists():  # once written (and often annotated: commits, seeds run apart), it is the record
         (dest / "command.txt").write_text(f"trace-rl compare --config {config_path.as_posix()} --out {run_dir.as_posix()}\n")
-    for run in sorted(run_dir.glob("*/seed_*")):
-        if not run_file_exists(run / "metrics.jsonl"):
-            continue
+    for run in seed_runs(run_dir):
         target = dest / run.relative_to(run_dir)
         target.mkdir(parents=True, exist_ok=True)
-        for name in ("config.yaml", "metrics.jsonl", "code.json"):
+        for name in PACKED_FILES:
             source, copy = run / name, target / name
             if copy.exists() and source.exists() and copy.samefile(source):  # re-exporting from the copy itself
                 continue
@@ -94,7 +96,8 @@ def export(run_dir: Path, dest: Path, config_path: Path, pauses: Path | None = N
     summary = summarise(dest, config)  # from the copies: the committed files reproduce the table
     (dest / "summary.json").write_text(json.dumps(summary, indent=1))
     (dest / "summary.md").write_text(summary_table(summary))
-    plot_metrics(corrected_runs([dest]), dest / "plots")
+    if plots:
+        plot_metrics(corrected_runs([dest]), dest / "plots")
     pack(dest)
     return summary
 
@@ -161,14 +164,17 @@ def reproduce(run: Path, steps: int, commit: str | None = None, overrides: Seque
             raise ValueError(f"{code} records no commit (the run was made outside a git checkout): pass --commit")
         if commit.endswith("+dirty"):
             raise ValueError(f"{code} says the run was made from uncommitted changes to {commit[:-6]}: git does not hold that code (pass --commit to try a commit anyway)")
-    eval_every = int((yaml.safe_load((run / "config.yaml").read_text()).get("train") or {}).get("eval_every", 0) or 0)
+    config_text = read_run_file(run / "config.yaml")  # packed with the logs in a committed result
+    eval_every = int((yaml.safe_load(config_text).get("train") or {}).get("eval_every", 0) or 0)
     if eval_every and steps >= eval_every:
         raise ValueError(f"steps must be below the run's first evaluation (train.eval_every = {eval_every}), got {steps}")
     missing = [step for step in range(1, steps + 1) if step not in recorded]
     if missing:
         raise ValueError(f"{run} recorded no step {missing[0]}")
-    with code_at(commit) as tree:
-        records = train_with(tree / "src", run / "config.yaml", [f"train.steps={steps}", "train.eval_every=0", *overrides])
+    with code_at(commit) as tree, tempfile.TemporaryDirectory() as folder:
+        config = Path(folder) / "config.yaml"
+        config.write_bytes(config_text)
+        records = train_with(tree / "src", config, [f"train.steps={steps}", "train.eval_every=0", *overrides])
     rerun = {int(r["step"]): r for r in records}
     compared, mismatches = compare_steps(recorded, rerun, steps)
     # Float rounding (another batch layout, another machine) moves values by ~1e-7; a real change by far more.
@@ -239,14 +245,14 @@ def signal(results: Path) -> dict:
 
     for folder in sorted(p for p in results.iterdir() if (p / "summary.json").is_file()):
         steps = int(json.loads((folder / "summary.json").read_text())["config"]["run"]["train"]["steps"])
-        for run in sorted(folder.glob("*/seed_*")):
-            if run.parent.name == "react" or not run_file_exists(run / "metrics.jsonl"):
+        for run in seed_runs(folder):
+            if run.parent.name == START:
                 continue
             key = f"{run.parent.name}/{run.name}/{hashlib.sha256(read_run_file(run / 'metrics.jsonl')).hexdigest()}"
             if key in runs:
                 parent[root(folder.name)] = root(runs[key]["folder"])
                 continue
-            budget = int(((yaml.safe_load((run / "config.yaml").read_text()) or {}).get("rollout") or {}).get("budget", 0))
+            budget = int(((yaml.safe_load(read_run_file(run / "config.yaml")) or {}).get("rollout") or {}).get("budget", 0))
             found = _run_signal(run, folder / "react" / run.name / "metrics.jsonl", steps, budget)
             if found is None:
                 continue
@@ -314,7 +320,7 @@ def trees(run_dir: Path, warmup: int = 5, at_least: int = 12) -> dict:
     found: dict[str, dict] = {}
     unfinished = []
     for run in (run for method, runs in find_runs(run_dir).items() if method != START for run in runs):
-        steps = int(((yaml.safe_load((run / "config.yaml").read_text()) or {}).get("train") or {}).get("steps", 0))
+        steps = int(((yaml.safe_load(read_run_file(run / "config.yaml")) or {}).get("train") or {}).get("steps", 0))
         if RunDir(run).finished_steps() < steps:
             unfinished.append(f"{run.parent.name}/{run.name}")
             continue
@@ -364,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     exporting.add_argument("dest", type=Path)
     exporting.add_argument("--config", type=Path, required=True, help="the compare config the runs were made with")
     exporting.add_argument("--pauses", type=Path, help="a log of when the runs were paused: their clock without those pauses goes to clock.json")
+    exporting.add_argument("--no-plots", dest="plots", action="store_false", help="no plots/ (a study's phase: `study --out` draws every row)")
     studying = commands.add_parser("study", help="a pre-registered study over several comparison folders: rows by seed, paired contrasts")
     studying.add_argument("folders", nargs="+", type=Path, help="the comparison folders of the study's phases (live or exported)")
     studying.add_argument("--steps", type=int, required=True, help="a run counts once its log reaches this step")
@@ -429,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         result = reproduce(args.run_dir, args.steps, args.commit, args.overrides)
         print(json.dumps(result))
         return 0 if result["reproduced"] else 1
-    summary = export(args.run_dir, args.dest, args.config, args.pauses)
+    summary = export(args.run_dir, args.dest, args.config, args.pauses, args.plots)
     print(summary_table(summary), file=sys.stderr)
     return 0
 

@@ -183,7 +183,8 @@ def test_exported_results_hold_the_runs_and_reproduce_the_summary_and_the_result
     summary = results.export(runs, dest, config_path)
     assert json.dumps(summary["methods"]) == json.dumps(summarise(runs, config)["methods"])  # the copies give the same numbers (NaN too)
     assert json.loads((dest / "summary.json").read_text())["methods"]["trace"]["effective_ratio"] == pytest.approx(0.6)
-    assert (dest / "runs.tar.xz").is_file() and (dest / "react" / "seed_0" / "config.yaml").is_file()
+    assert (dest / "runs.tar.xz").is_file() and not (dest / "react").exists()  # every run's files packed, folders too
+    assert results.read_run_file(dest / "react" / "seed_0" / "config.yaml") == (runs / "react" / "seed_0" / "config.yaml").read_bytes()
     assert results.read_metrics(dest / "trace" / "seed_1" / "metrics.jsonl") == results.read_metrics(runs / "trace" / "seed_1" / "metrics.jsonl")
     assert not list(dest.rglob("*.pt")) and (dest / "plots" / "effective_ratio.png").is_file()
     assert (dest / "command.txt").read_text().startswith("trace-rl compare --config")

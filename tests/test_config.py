@@ -152,7 +152,7 @@ def test_gpu_recipe_configs_load_with_only_what_this_machine_lacks_replaced(name
     assert config.model.warm_start is False and config.rollout.method == "trace"
 
 
-def test_engine_settings_moved_from_model_still_load_with_a_warning():
+def test_engine_settings_moved_from_model_still_load_with_a_warning(tmp_path):
     """A config or run folder written before the `engine` section existed reads its keys there."""
     import warnings
 
@@ -169,6 +169,9 @@ def test_engine_settings_moved_from_model_still_load_with_a_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the new names load without a word
         assert from_dict(RunConfig, {"engine": {"max_batch_size": 4}}).engine.max_batch_size == 4
-    committed = sorted(Path(__file__).resolve().parents[1].glob("docs/results/paper_main/trace/seed_0/config.yaml"))
-    with pytest.warns(FutureWarning):  # a committed run's config.yaml, written with every model key
-        assert load_config(RunConfig, committed[0]).engine.prefix_cache_mb >= 0
+    from trace_rl.train.rundir import read_run_file
+
+    committed = tmp_path / "config.yaml"  # a committed run's config.yaml (packed), written with every model key
+    committed.write_bytes(read_run_file(Path(__file__).resolve().parents[1] / "docs/results/paper_main/trace/seed_0/config.yaml"))
+    with pytest.warns(FutureWarning):
+        assert load_config(RunConfig, committed).engine.prefix_cache_mb >= 0

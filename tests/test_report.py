@@ -272,8 +272,9 @@ def test_a_packed_comparison_reads_and_plots_as_the_plain_one(tmp_path: Path) ->
     rows = {m: [load_run(p).rows for p in paths] for m, paths in runs.items()}
     page = write_report(folder).read_text()
     pack_runs(folder)
-    assert not list(folder.rglob("metrics.jsonl"))
-    assert find_runs(folder) == runs
+    assert not list(folder.rglob("metrics.jsonl")) and not list(folder.rglob("config.yaml"))
+    assert (folder / "trace" / "seed_0" / "trees").is_dir()  # what is not packed keeps its run's folder
+    assert find_runs(folder) == runs and find_runs(folder / "trace" / "seed_1") == {"trace": [folder / "trace" / "seed_1"]}
     assert {m: [load_run(p).rows for p in paths] for m, paths in runs.items()} == rows
     assert write_report(folder).read_text() == page
 

@@ -42,6 +42,10 @@ def test_reproduce_reruns_a_run_with_its_own_code_and_finds_its_numbers(tmp_path
                "train.steps=2", "train.eval_every=0", "rollout.budget=8", "prompts_per_step=2", "task.test_tasks=2"]
     subprocess.run(command, env={**os.environ, "PYTHONPATH": str(REPO / "src")}, check=True, capture_output=True, timeout=900)
     assert "+dirty" not in json.loads((run / "code.json").read_text())["commit"]
+    from trace_rl.train.rundir import pack_runs
+
+    pack_runs(tmp_path)  # as committed: its config.yaml, log and code.json read from runs.tar.xz
+    assert not (run / "config.yaml").exists()
     result = results.reproduce(run, steps=2)
     assert result["reproduced"], result["mismatches"]
     assert result["values_compared"] > 40 and result["resumed_within"] == []
@@ -99,6 +103,9 @@ def test_export_again_from_the_results_folders_own_config(tmp_path: Path) -> Non
     (dest / "compare.yaml").write_text(config.read_text().replace("seeds: [0, 1]", "seeds: [0]"))
     summary = results.export(dest, dest, dest / "compare.yaml")  # the summary again, from the exported runs themselves
     assert summary["methods"]["grpo"]["seeds"] == 1
+    phase = tmp_path / "phase"  # a study's phase: its page draws the study's plots, not its own
+    assert results.main(["export", str(dest), str(phase), "--config", str(config), "--no-plots"]) == 0
+    assert not (phase / "plots").exists() and results.read_run_file(phase / "grpo" / "seed_0" / "metrics.jsonl")
 
 
 def _signal_run(folder: Path, method: str, seed: int, *, share: float, gain: float, budget: int = 8, spent: int = 8) -> Path:
@@ -208,7 +215,7 @@ def test_the_committed_results_are_packed() -> None:
     """docs/results keeps its run logs in runs.tar.xz and its plots as 256-colour PNGs (`results.py pack`),
     so that it stays small; an export packs what it writes."""
     folder = REPO / "docs" / "results"
-    assert not [p for p in folder.rglob("*") if p.name in ("metrics.jsonl", "code.json")]
+    assert not [p for p in folder.rglob("*") if p.name in ("metrics.jsonl", "code.json", "config.yaml")]
     from PIL import Image
 
     assert all(Image.open(p).mode == "P" for p in folder.glob("*/plots/*.png"))

@@ -108,6 +108,8 @@ def test_packed_run_files_read_as_the_plain_ones_and_pack_to_the_same_bytes_each
         pack_runs,
         read_run_file,
         run_file_exists,
+        run_folders,
+        seed_runs,
     )
 
     folder = tmp_path / "results"
@@ -124,8 +126,10 @@ def test_packed_run_files_read_as_the_plain_ones_and_pack_to_the_same_bytes_each
     records = {p: read_metrics(p) for p in before if p.name == "metrics.jsonl"}
     archive = pack_runs(folder)
     assert archive == folder / PACKED
-    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) == [
-        "react/seed_0/config.yaml", "runs.tar.xz", "summary.json", "trace/seed_0/config.yaml", "trace/seed_1/config.yaml"]
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")) == ["runs.tar.xz", "summary.json"]  # run folders too
+    assert run_folders(folder) == [folder / "react" / "seed_0", folder / "trace" / "seed_0", folder / "trace" / "seed_1"]
+    assert seed_runs(folder) == run_folders(folder) and run_folders(folder / "trace") == [folder / "trace" / "seed_0", folder / "trace" / "seed_1"]
+    assert run_folders(folder / "trace" / "seed_1") == [folder / "trace" / "seed_1"] and run_folders(folder / "grpo") == []
     for path, data in before.items():
         assert run_file_exists(path) and read_run_file(path) == data
     for path, lines in records.items():
@@ -144,13 +148,14 @@ def test_packed_run_files_read_as_the_plain_ones_and_pack_to_the_same_bytes_each
         assert all(m.mtime == 0 and m.uid == 0 and m.uname == "" for m in tar.getmembers())
         tar.extractall(tmp_path / "unpacked", filter="data")
     assert {p.relative_to(tmp_path / "unpacked"): p.read_bytes() for p in (tmp_path / "unpacked").rglob("*") if p.is_file()} == {
-        p.relative_to(folder): data for p, data in before.items() if p.name in ("metrics.jsonl", "code.json")}
+        p.relative_to(folder): data for p, data in before.items() if p.name in ("metrics.jsonl", "code.json", "config.yaml")}
 
     seed_1 = folder / "trace" / "seed_1" / "metrics.jsonl"
+    seed_1.parent.mkdir(parents=True)
     seed_1.write_text('{"step": 1, "loss": 0.0}\n')  # a plain file is read before its packed copy, and replaces it
-    assert read_metrics(seed_1) == [{"step": 1, "loss": 0.0}]
+    assert read_metrics(seed_1) == [{"step": 1, "loss": 0.0}] and run_folders(folder).count(seed_1.parent) == 1
     pack_runs(folder)
-    assert not seed_1.exists() and read_metrics(seed_1) == [{"step": 1, "loss": 0.0}]
+    assert not seed_1.parent.exists() and read_metrics(seed_1) == [{"step": 1, "loss": 0.0}]
     assert read_metrics(folder / "react" / "seed_0" / "metrics.jsonl") == records[folder / "react" / "seed_0" / "metrics.jsonl"]
     missing = folder / "trace" / "seed_9" / "metrics.jsonl"
     assert not run_file_exists(missing) and RunDir(missing.parent).metrics() == []

@@ -23,7 +23,13 @@ from typing import Any, Literal
 import numpy as np
 
 from trace_rl.planning.methods import METHODS
-from trace_rl.train.rundir import START, atomic_write, read_metrics, run_file_exists
+from trace_rl.train.rundir import (
+    START,
+    atomic_write,
+    read_metrics,
+    run_file_exists,
+    run_folders,
+)
 
 METHOD_ORDER = tuple(METHODS)
 """The registry's method names, in its order; they keep one colour each across every figure and table."""
@@ -218,18 +224,19 @@ def find_runs(path: str | Path) -> dict[str, list[Path]]:
     Raises FileNotFoundError when `path` holds no run folder.
     """
     path = Path(path)
-    if not path.is_dir():
+    runs = run_folders(path)  # packed runs (a committed result) have no folder on disk
+    if not runs and not path.is_dir():
         raise FileNotFoundError(f"{path} is not a folder")
-    if run_file_exists(path / "metrics.jsonl"):
+    if path in runs:
         return {load_run(path).method: [path]}
     found: dict[str, list[Path]] = {}
-    for method_dir in sorted(p for p in path.iterdir() if p.is_dir()):
-        if run_file_exists(method_dir / "metrics.jsonl"):  # DIR/<method>/ with a single run
-            found[method_dir.name] = [method_dir]
-            continue
-        seeds = [p for p in method_dir.iterdir() if p.is_dir() and run_file_exists(p / "metrics.jsonl")]
-        if seeds:
-            found[method_dir.name] = sorted(seeds, key=_seed_order)
+    for run in runs:
+        parts = run.relative_to(path).parts
+        if len(parts) == 1:  # DIR/<method>/ with a single run
+            found[parts[0]] = [run]
+        elif len(parts) == 2 and not run_file_exists(path / parts[0] / "metrics.jsonl"):
+            found.setdefault(parts[0], []).append(run)
+    found = {method: sorted(seeds, key=_seed_order) for method, seeds in found.items()}
     if not found:
         raise FileNotFoundError(
             f"{path} holds no run: expected {path}/metrics.jsonl or {path}/<method>/seed_<k>/metrics.jsonl"

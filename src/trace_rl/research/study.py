@@ -31,7 +31,7 @@ import yaml
 
 from trace_rl.report.plots import RunMetrics, load_run
 from trace_rl.research.compare import t975
-from trace_rl.train.rundir import START, RunDir, run_file_exists
+from trace_rl.train.rundir import START, RunDir, seed_runs
 
 STRONGEST = "@strongest"
 """In a contrast, the row the plan's rule chose as the strongest baseline (`strongest_baseline`)."""
@@ -192,14 +192,11 @@ def study_runs(folders: Sequence[str | Path]) -> dict[str, dict[int, Path]]:
     runs: dict[str, dict[int, Path]] = {}
     for folder in map(Path, folders):
         order = _compare_rows(folder)
-        for row_dir in sorted((p for p in folder.iterdir() if p.is_dir()), key=lambda p: (order.index(p.name) if p.name in order else len(order), p.name)):
-            for run in row_dir.glob("seed_*"):
-                if not re.fullmatch(r"seed_\d+", run.name) or not run_file_exists(run / "metrics.jsonl"):
-                    continue
-                seed = int(run.name[5:])
-                if seed in runs.get(row_dir.name, {}):
-                    raise ValueError(f"{row_dir.name} seed {seed} is in two folders: {runs[row_dir.name][seed]} and {run}")
-                runs.setdefault(row_dir.name, {})[seed] = run
+        for run in sorted(seed_runs(folder), key=lambda p: (order.index(p.parent.name) if p.parent.name in order else len(order), p.parent.name)):
+            row, seed = run.parent.name, int(run.name[5:])
+            if seed in runs.get(row, {}):
+                raise ValueError(f"{row} seed {seed} is in two folders: {runs[row][seed]} and {run}")
+            runs.setdefault(row, {})[seed] = run
     return {row: dict(sorted(seeds.items())) for row, seeds in runs.items()}
 
 

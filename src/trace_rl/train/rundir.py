@@ -88,8 +88,10 @@ PACKED = "runs.tar.xz"
 """A committed result's run logs in one file at its top (`pack_runs`): the `PACKED_FILES` of every run
 folder below it, as members named by their path relative to that folder."""
 
-PACKED_FILES = ("metrics.jsonl", "code.json")
-"""The files of a run folder that `pack_runs` packs (its `config.yaml` stays in the open)."""
+PACKED_FILES = ("metrics.jsonl", "code.json", "config.yaml")
+"""The files of a run folder that `pack_runs` packs: all a committed run keeps, so its folder goes too
+(a results folder of 200 runs held 200 small configs in as many folders, a fifth of its size on disk).
+`run_folders` lists the runs from the archive; the comparison's config stays in the open."""
 
 
 class RunDirError(ConfigError):
@@ -593,9 +595,7 @@ def pack_runs(folder: str | Path) -> Path | None:
     archive = folder / PACKED
     files = dict(_packed_files(archive)) if archive.is_file() else {}
     plain = []
-    runs = {p.parent for p in folder.rglob(PACKED_FILES[0]) if p.is_file()}
-    runs |= {folder / Path(name).parent for name in files if Path(name).name == PACKED_FILES[0]}
-    for run in runs:
+    for run in run_folders(folder):
         for name in PACKED_FILES:
             if (run / name).is_file():
                 plain.append(run / name)
@@ -613,7 +613,34 @@ def pack_runs(folder: str | Path) -> Path | None:
         atomic_write(archive, lambda tmp: Path(tmp).write_bytes(data))
     for path in plain:
         path.unlink()
+    for path in sorted({p.parent for p in plain}, key=lambda p: -len(p.parts)):  # the emptied run folders, then their rows
+        while path != folder and path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+            path = path.parent
     return archive
+
+
+def run_folders(folder: str | Path) -> list[Path]:
+    """The run folders at or under `folder` (each with a `metrics.jsonl`), in name order: those on disk
+    and those packed in a `runs.tar.xz` at or above it (`pack_runs`), whose folders exist only as names
+    in the archive; `read_run_file` reads the files of either kind."""
+    folder = Path(folder)
+    found = {p.parent for p in folder.rglob(PACKED_FILES[0]) if p.is_file()} if folder.is_dir() else set()
+    here = folder.absolute()
+    for base in (here, *here.parents):
+        if (base / PACKED).is_file():
+            for name in _packed_files(base / PACKED):
+                run = base / Path(name).parent
+                if Path(name).name == PACKED_FILES[0] and (run == here or here in run.parents):
+                    found.add(folder / run.relative_to(here))
+            break
+    return sorted(found)
+
+
+def seed_runs(folder: str | Path) -> list[Path]:
+    """The runs of a comparison folder, `folder/<row>/seed_<k>` (`run_folders`), in name order."""
+    folder = Path(folder)
+    return [run for run in run_folders(folder) if len(run.relative_to(folder).parts) == 2 and re.fullmatch(r"seed_\d+", run.name)]
 
 
 def latest_per_step(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
