@@ -103,10 +103,11 @@ def export(run_dir: Path, dest: Path, config_path: Path, pauses: Path | None = N
 
 
 def pack(folder: Path) -> dict:
-    """Make a results folder lean, losing no number: its runs' `metrics.jsonl` and `code.json` go into
-    `runs.tar.xz` (`trace_rl.train.rundir.pack_runs`) and its plots become 256-colour PNGs (`shrink_plots`).
+    """Make a results folder lean, losing no number: its runs' `metrics.jsonl`, `code.json` and
+    `config.yaml`, and the per-step clock `export --pauses` wrote, go into `runs.tar.xz`
+    (`trace_rl.train.rundir.pack_runs`) and its plots become 256-colour PNGs (`shrink_plots`).
     Packing a packed folder changes nothing; the same runs give the same bytes. Returns what was done."""
-    archive = pack_runs(folder)
+    archive = pack_runs(folder, extra=(CLOCK_FILE,))
     return {"folder": str(folder), "archive": str(archive) if archive else None, "plots": [str(p) for p in shrink_plots(folder)]}
 
 

@@ -209,3 +209,20 @@ def test_the_contrast_plot_has_a_line_per_row_against_the_reference_and_per_name
     one_seed = study([one], steps=4, reference="grpo", contrasts=["trace:pcl"])  # trace has one finished seed: a dot, no interval
     assert math.isnan(one_seed["contrasts"]["trace:pcl"]["ci95"]) and plot_contrasts(one_seed, tmp_path / "one.png") is not None
     assert plot_contrasts({**result, "rows": {}, "contrasts": {}}, tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
+
+
+def test_an_exported_study_keeps_its_clock_packed_and_reads_the_same_minutes_from_it(tmp_path: Path) -> None:
+    """`export --pauses` records each run's clock net of pauses (the copies carry no tree files to redo
+    it from), packed with the runs: the study of the exported folder reads the live folder's minutes."""
+    pytest.importorskip("matplotlib")
+    one, _ = write_study(tmp_path)
+    (one / "compare.yaml").write_text("methods: [grpo, pcl, trace]\nseeds: [0, 1]\nrun:\n  train:\n    steps: 4\n")
+    log = tmp_path / "pauses.log"
+    log.write_text("stop 2027-01-15T08:00:05Z\ncont 2027-01-15T08:00:08Z\n")
+    results = load("scripts/results.py")
+    dest = tmp_path / "exported"
+    results.export(one, dest, one / "compare.yaml", log, plots=False)
+    assert not (dest / "clock.json").exists() and results.run_file_exists(dest / "clock.json")
+    live = study([one], steps=4, pauses=read_pauses(log))
+    copied = study([dest], steps=4)
+    assert copied["rows"]["grpo"]["minutes"] == pytest.approx(live["rows"]["grpo"]["minutes"]) == pytest.approx((237 + 137) / 2 / 60)

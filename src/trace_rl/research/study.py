@@ -31,15 +31,21 @@ import yaml
 
 from trace_rl.report.plots import RunMetrics, load_run
 from trace_rl.research.compare import t975
-from trace_rl.train.rundir import START, RunDir, seed_runs
+from trace_rl.train.rundir import (
+    START,
+    RunDir,
+    read_run_file,
+    run_file_exists,
+    seed_runs,
+)
 
 STRONGEST = "@strongest"
 """In a contrast, the row the plan's rule chose as the strongest baseline (`strongest_baseline`)."""
 
 CLOCK_FILE = "clock.json"
 """Per run, per step: the wall-clock seconds of the step and of its evaluation with logged pauses taken
-out (`clock`); `scripts/results.py export --pauses` writes it beside the copied runs, which carry no
-trees (so no step end times) to redo it from."""
+out (`clock`); `scripts/results.py export --pauses` writes it, packed with the copied runs, which carry
+no trees (so no step end times) to redo it from."""
 
 UNLOGGED_PAUSE = 10.0
 """A step or evaluation over this many times its run's median of the same kind is counted at the median."""
@@ -216,8 +222,8 @@ def run_clocks(folders: Sequence[str | Path], pauses: Sequence[tuple[float, floa
     the run still has them (a live run folder), else as a folder's `CLOCK_FILE` recorded it."""
     clocks: dict[str, Any] = {}
     for folder in map(Path, folders):
-        if (folder / CLOCK_FILE).exists():
-            for row, seeds in json.loads((folder / CLOCK_FILE).read_text()).items():
+        if run_file_exists(folder / CLOCK_FILE):  # packed with the runs in a committed result
+            for row, seeds in json.loads(read_run_file(folder / CLOCK_FILE)).items():
                 clocks.setdefault(row, {}).update(seeds)
     if pauses is not None:
         for row, seeds in study_runs(folders).items():

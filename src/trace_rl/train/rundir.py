@@ -60,7 +60,7 @@ import tarfile
 import warnings
 import zipfile
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -585,21 +585,21 @@ def _read_packed(archive: str, inode: int, mtime_ns: int, size: int) -> dict[str
         raise RunDirError(f"{archive} cannot be read as packed run files ({exc}): damaged, or not made by pack_runs") from None
 
 
-def pack_runs(folder: str | Path) -> Path | None:
-    """Move the `PACKED_FILES` of every run folder under `folder` (one holding a `metrics.jsonl`) into
-    `folder/runs.tar.xz`, kept with the files it already holds (a plain file replaces its packed copy),
-    and remove them; the archive, or None when there is nothing to pack. The same files give the same
+def pack_runs(folder: str | Path, extra: Sequence[str] = ()) -> Path | None:
+    """Move the `PACKED_FILES` of every run folder under `folder` (one holding a `metrics.jsonl`), and
+    the files named in `extra` at its top (a comparison's per-step clock), into `folder/runs.tar.xz`,
+    kept with the files it already holds (a plain file replaces its packed copy), and remove them; the
+    archive, or None when there is nothing to pack. The same files give the same
     bytes: members in name order, no times or owners (a tar of mode-644 files dated 1970), `xz -9e`.
     Read it with `tar -xJf runs.tar.xz` (restores the plain files), or through `read_run_file`."""
     folder = Path(folder)
     archive = folder / PACKED
     files = dict(_packed_files(archive)) if archive.is_file() else {}
     plain = []
-    for run in run_folders(folder):
-        for name in PACKED_FILES:
-            if (run / name).is_file():
-                plain.append(run / name)
-                files[(run / name).relative_to(folder).as_posix()] = (run / name).read_bytes()
+    for path in [run / name for run in run_folders(folder) for name in PACKED_FILES] + [folder / name for name in extra]:
+        if path.is_file():
+            plain.append(path)
+            files[path.relative_to(folder).as_posix()] = path.read_bytes()
     if not files:
         return None
     buffer = io.BytesIO()
