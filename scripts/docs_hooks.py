@@ -99,8 +99,9 @@ def page(folder: Path) -> str:
     plots.sort(key=lambda plot: (ORDER.get(plot.stem, len(ORDER)), plot.stem))
     if plots:
         parts += ["## Plots", ""]
-        if plots[0].parent.name == "study_plots":  # every row of the study; this folder's rows alone are in plots/
-            parts += ["Every row of the study, over all its folders (`study_plots/`; this folder's rows alone: `plots/`).", ""]
+        if plots[0].parent.name == "study_plots":  # every row of the study, over all its folders
+            alone = "; this folder's rows alone: `plots/`" if (folder / "plots").is_dir() else ""
+            parts += [f"Every row of the study, over all its folders (`study_plots/`{alone}).", ""]
         for plot in plots:
             title = TITLES.get(plot.stem, plot.stem.replace("_", " "))
             parts += [f"### {title}", "", f"![{title}]({folder.name}/{plot.parent.name}/{plot.name})", ""]

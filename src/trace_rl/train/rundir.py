@@ -90,8 +90,8 @@ folder below it, as members named by their path relative to that folder."""
 
 PACKED_FILES = ("metrics.jsonl", "code.json", "config.yaml")
 """The files of a run folder that `pack_runs` packs: all a committed run keeps, so its folder goes too
-(a results folder of 200 runs held 200 small configs in as many folders, a fifth of its size on disk).
-`run_folders` lists the runs from the archive; the comparison's config stays in the open."""
+(on disk a folder and its small config took two blocks for a few hundred bytes). `run_folders` lists
+the runs from the archive; the comparison's own config stays in the open."""
 
 
 class RunDirError(ConfigError):
@@ -588,10 +588,10 @@ def _read_packed(archive: str, inode: int, mtime_ns: int, size: int) -> dict[str
 def pack_runs(folder: str | Path, extra: Sequence[str] = ()) -> Path | None:
     """Move the `PACKED_FILES` of every run folder under `folder` (one holding a `metrics.jsonl`), and
     the files named in `extra` at its top (a comparison's per-step clock), into `folder/runs.tar.xz`,
-    kept with the files it already holds (a plain file replaces its packed copy), and remove them; the
-    archive, or None when there is nothing to pack. The same files give the same
-    bytes: members in name order, no times or owners (a tar of mode-644 files dated 1970), `xz -9e`.
-    Read it with `tar -xJf runs.tar.xz` (restores the plain files), or through `read_run_file`."""
+    kept with the files it already holds (a plain file replaces its packed copy), and remove them and
+    the run folders they leave empty; the archive, or None when there is nothing to pack. The same files
+    give the same bytes: members in name order, no times or owners (a tar of mode-644 files dated 1970),
+    `xz -9e`. Read it with `tar -xJf runs.tar.xz` (restores the plain files), or through `read_run_file`."""
     folder = Path(folder)
     archive = folder / PACKED
     files = dict(_packed_files(archive)) if archive.is_file() else {}
