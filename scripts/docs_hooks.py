@@ -59,14 +59,16 @@ TREE_COLUMNS = (
 
 def trees_markdown(result: dict) -> str:
     """The table of `scripts/results.py trees` (`trees.json`): each method's means over its seeds."""
-    lines = ["| method | seeds | " + " | ".join(title for _, title, _ in TREE_COLUMNS) + " |", "|---" * (len(TREE_COLUMNS) + 2) + "|"]
+    at_least = result.get("at_least", 12)
+    columns = (*TREE_COLUMNS, (f"steps_with_{at_least}_or_more_unmixed", f"steps with a prompt at {at_least} or more unmixed", ".1f"))
+    lines = ["| method | seeds | " + " | ".join(title for _, title, _ in columns) + " |", "|---" * (len(columns) + 2) + "|"]
     for method, figures in result["methods"].items():
         mean = figures["mean"]
-        lines.append(f"| {method} | {len(figures['seeds'])} | " + " | ".join(format(mean[key], spec) if key in mean else "—" for key, _, spec in TREE_COLUMNS) + " |")
+        lines.append(f"| {method} | {len(figures['seeds'])} | " + " | ".join(format(mean[key], spec) if key in mean else "—" for key, _, spec in columns) + " |")
     lines += ["", (f"From the runs' saved trees (`trees.json`, `scripts/results.py trees`), over the steps after the first "
                    f"{result['warmup']}. A prompt counts as shown unsolved once {UNSOLVED_AFTER} or more of its earlier rollouts "
-                   "had all failed (`rollout/unsolved_share`); the last column is the most rollouts a prompt got in one step with "
-                   "no success and failure among them, over a run's steps.")]
+                   "had all failed (`rollout/unsolved_share`); the last two columns are the most rollouts a prompt got in one step with "
+                   "no success and failure among them, over a run's steps, and on how many steps some prompt got that many.")]
     if result.get("unfinished"):
         lines += ["", "Not counted (unfinished): " + ", ".join(result["unfinished"]) + "."]
     return "\n".join(lines) + "\n"

@@ -207,12 +207,14 @@ def test_exported_results_hold_the_runs_and_reproduce_the_summary_and_the_result
     text = hooks.page(dest)
     assert "![Held-out accuracy](toy/study_plots/accuracy.png)" in text and "toy/plots/" not in text
     # where the budget went (`results.py trees`) and what Stage 2 bought (`results.py probe`), when committed
-    figures = {"failed_budget_share": 0.5, "solved_budget_share": 0.25, "unsolved_share": 0.125, "most_leaves_unmixed_max": 12.0}
-    (dest / "trees.json").write_text(json.dumps({"warmup": 5, "methods": {"grpo": {"seeds": {"seed_0": figures}, "mean": figures}}, "unfinished": []}))
+    figures = {"failed_budget_share": 0.5, "solved_budget_share": 0.25, "unsolved_share": 0.125, "most_leaves_unmixed_max": 12.0,
+               "steps_with_12_or_more_unmixed": 3}
+    (dest / "trees.json").write_text(json.dumps({"warmup": 5, "at_least": 12, "methods": {"grpo": {"seeds": {"seed_0": figures}, "mean": figures}},
+                                                 "unfinished": []}))
     probe = {"prefixes": 10.0, "predicted_mixed": 0.5, "mixed": 0.25, "valued_by": "point"}
     (dest / "probe.json").write_text(json.dumps({"warmup": 5, "rows": {"trace": {"seeds": {"seed_0": probe}, "mean": probe}}}))
     text = hooks.page(dest)
-    assert "## Where the budget went" in text and "| grpo | 1 | 0.500 | 0.250 | 0.125 | 12.0 |" in text
+    assert "## Where the budget went" in text and "| grpo | 1 | 0.500 | 0.250 | 0.125 | 12.0 | 3.0 |" in text
     assert "## What Stage 2 bought" in text and "| trace | 1 | 10 | 0.500 | 0.250 | — |" in text
 
 
