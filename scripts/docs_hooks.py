@@ -68,7 +68,7 @@ def trees_markdown(result: dict) -> str:
     lines += ["", (f"From the runs' saved trees (`trees.json`, `scripts/results.py trees`), over the steps after the first "
                    f"{result['warmup']}. A prompt counts as shown unsolved once {UNSOLVED_AFTER} or more of its earlier rollouts "
                    "had all failed (`rollout/unsolved_share`); the last two columns are the most rollouts a prompt got in one step with "
-                   "no success and failure among them, over a run's steps, and on how many steps some prompt got that many.")]
+                   f"no success and failure among them, over a run's steps, and on how many steps some prompt got {at_least} or more that way.")]
     if result.get("unfinished"):
         lines += ["", "Not counted (unfinished): " + ", ".join(result["unfinished"]) + "."]
     return "\n".join(lines) + "\n"
