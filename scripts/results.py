@@ -10,9 +10,9 @@
 
 An exported folder holds what it takes to check or redo every number: the compare config and the
 command, `summary.json` / `summary.md` as `trace-rl compare` wrote them (recomputed from the copied
-runs), each run's `config.yaml` at `<method>/seed_<k>/` with its `metrics.jsonl` and `code.json` packed
+runs), each run's `config.yaml`, `metrics.jsonl` and `code.json` (`<method>/seed_<k>/`) packed
 into the folder's `runs.tar.xz` (`pack`: `tar -xJf runs.tar.xz` puts them back; every reader here and in
-trace_rl takes either form, `trace_rl.train.rundir.read_run_file`; no checkpoints, no trees), and the plots, as
+trace_rl takes either form, `trace_rl.train.rundir.read_run_file` / `run_folders`; no checkpoints, no trees), and the plots, as
 256-colour PNGs. The documentation site's results pages are generated from these files when it
 is built (`scripts/docs_hooks.py`), so a page can only say what the files say. `reproduce` reruns a run folder's first
 steps with the code it was made with and checks that they give the numbers it recorded. `signal` reads
@@ -38,10 +38,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from trace_rl.core.tree import read_jsonl
-from trace_rl.infra.config import load_config
+from trace_rl.infra.config import load_config, load_yaml
 from trace_rl.planning.metrics import UnsolvedTally, agreeing_budget
 from trace_rl.report.plots import find_runs, plot_contrasts, plot_metrics
 from trace_rl.research.compare import CompareConfig, summarise, summary_table
@@ -165,8 +164,7 @@ def reproduce(run: Path, steps: int, commit: str | None = None, overrides: Seque
             raise ValueError(f"{code} records no commit (the run was made outside a git checkout): pass --commit")
         if commit.endswith("+dirty"):
             raise ValueError(f"{code} says the run was made from uncommitted changes to {commit[:-6]}: git does not hold that code (pass --commit to try a commit anyway)")
-    config_text = read_run_file(run / "config.yaml")  # packed with the logs in a committed result
-    eval_every = int((yaml.safe_load(config_text).get("train") or {}).get("eval_every", 0) or 0)
+    eval_every = int((run_config(run).get("train") or {}).get("eval_every", 0) or 0)
     if eval_every and steps >= eval_every:
         raise ValueError(f"steps must be below the run's first evaluation (train.eval_every = {eval_every}), got {steps}")
     missing = [step for step in range(1, steps + 1) if step not in recorded]
@@ -174,7 +172,7 @@ def reproduce(run: Path, steps: int, commit: str | None = None, overrides: Seque
         raise ValueError(f"{run} recorded no step {missing[0]}")
     with code_at(commit) as tree, tempfile.TemporaryDirectory() as folder:
         config = Path(folder) / "config.yaml"
-        config.write_bytes(config_text)
+        config.write_bytes(read_run_file(run / "config.yaml"))  # packed with the logs in a committed result
         records = train_with(tree / "src", config, [f"train.steps={steps}", "train.eval_every=0", *overrides])
     rerun = {int(r["step"]): r for r in records}
     compared, mismatches = compare_steps(recorded, rerun, steps)
@@ -182,6 +180,12 @@ def reproduce(run: Path, steps: int, commit: str | None = None, overrides: Seque
     worst = max((abs(m["rerun"] - m["recorded"]) / max(abs(m["recorded"]), 1e-12) for m in mismatches), default=0.0)
     return {"run": str(run), "commit": commit, "overrides": list(overrides), "steps": steps, "resumed_within": resumed, "values_compared": compared,
             "mismatches": mismatches, "max_relative_difference": worst, "reproduced": not mismatches and compared > 0}
+
+
+def run_config(run: Path) -> dict:
+    """A run's `config.yaml` as data (read as every config is, `load_yaml`), in the open or packed."""
+    path = run / "config.yaml"
+    return load_yaml(read_run_file(path).decode("utf-8"), str(path)) or {}
 
 
 def compare_steps(recorded: dict[int, dict], rerun: dict[int, dict], steps: int) -> tuple[int, list[dict]]:
@@ -253,7 +257,7 @@ def signal(results: Path) -> dict:
             if key in runs:
                 parent[root(folder.name)] = root(runs[key]["folder"])
                 continue
-            budget = int(((yaml.safe_load(read_run_file(run / "config.yaml")) or {}).get("rollout") or {}).get("budget", 0))
+            budget = int((run_config(run).get("rollout") or {}).get("budget", 0))
             found = _run_signal(run, folder / "react" / run.name / "metrics.jsonl", steps, budget)
             if found is None:
                 continue
@@ -321,7 +325,7 @@ def trees(run_dir: Path, warmup: int = 5, at_least: int = 12) -> dict:
     found: dict[str, dict] = {}
     unfinished = []
     for run in (run for method, runs in find_runs(run_dir).items() if method != START for run in runs):
-        steps = int(((yaml.safe_load(read_run_file(run / "config.yaml")) or {}).get("train") or {}).get("steps", 0))
+        steps = int((run_config(run).get("train") or {}).get("steps", 0))
         if RunDir(run).finished_steps() < steps:
             unfinished.append(f"{run.parent.name}/{run.name}")
             continue
