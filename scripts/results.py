@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from trace_rl.core.tree import read_jsonl
-from trace_rl.infra.config import load_config, load_yaml
+from trace_rl.infra.config import load_config
 from trace_rl.planning.metrics import UnsolvedTally, agreeing_budget
 from trace_rl.report.plots import find_runs, plot_contrasts, plot_metrics
 from trace_rl.research.compare import CompareConfig, summarise, summary_table
@@ -164,7 +164,7 @@ def reproduce(run: Path, steps: int, commit: str | None = None, overrides: Seque
             raise ValueError(f"{code} records no commit (the run was made outside a git checkout): pass --commit")
         if commit.endswith("+dirty"):
             raise ValueError(f"{code} says the run was made from uncommitted changes to {commit[:-6]}: git does not hold that code (pass --commit to try a commit anyway)")
-    eval_every = int((run_config(run).get("train") or {}).get("eval_every", 0) or 0)
+    eval_every = int((RunDir(run).read_config().get("train") or {}).get("eval_every", 0) or 0)
     if eval_every and steps >= eval_every:
         raise ValueError(f"steps must be below the run's first evaluation (train.eval_every = {eval_every}), got {steps}")
     missing = [step for step in range(1, steps + 1) if step not in recorded]
@@ -180,12 +180,6 @@ def reproduce(run: Path, steps: int, commit: str | None = None, overrides: Seque
     worst = max((abs(m["rerun"] - m["recorded"]) / max(abs(m["recorded"]), 1e-12) for m in mismatches), default=0.0)
     return {"run": str(run), "commit": commit, "overrides": list(overrides), "steps": steps, "resumed_within": resumed, "values_compared": compared,
             "mismatches": mismatches, "max_relative_difference": worst, "reproduced": not mismatches and compared > 0}
-
-
-def run_config(run: Path) -> dict:
-    """A run's `config.yaml` as data (read as every config is, `load_yaml`), in the open or packed."""
-    path = run / "config.yaml"
-    return load_yaml(read_run_file(path).decode("utf-8"), str(path)) or {}
 
 
 def compare_steps(recorded: dict[int, dict], rerun: dict[int, dict], steps: int) -> tuple[int, list[dict]]:
@@ -257,7 +251,7 @@ def signal(results: Path) -> dict:
             if key in runs:
                 parent[root(folder.name)] = root(runs[key]["folder"])
                 continue
-            budget = int((run_config(run).get("rollout") or {}).get("budget", 0))
+            budget = int((RunDir(run).read_config().get("rollout") or {}).get("budget", 0))
             found = _run_signal(run, folder / "react" / run.name / "metrics.jsonl", steps, budget)
             if found is None:
                 continue
@@ -325,7 +319,7 @@ def trees(run_dir: Path, warmup: int = 5, at_least: int = 12) -> dict:
     found: dict[str, dict] = {}
     unfinished = []
     for run in (run for method, runs in find_runs(run_dir).items() if method != START for run in runs):
-        steps = int((run_config(run).get("train") or {}).get("steps", 0))
+        steps = int((RunDir(run).read_config().get("train") or {}).get("steps", 0))
         if RunDir(run).finished_steps() < steps:
             unfinished.append(f"{run.parent.name}/{run.name}")
             continue

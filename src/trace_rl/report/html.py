@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from trace_rl.infra.config import ConfigError, load_yaml
+from trace_rl.infra.config import ConfigError
 from trace_rl.report.plots import (
     RunMetrics,
     find_runs,
@@ -27,7 +27,7 @@ from trace_rl.report.plots import (
 )
 from trace_rl.report.viewer import ViewerLimits, viewer_data, viewer_section
 from trace_rl.rollout.collector import RolloutConfig
-from trace_rl.train.rundir import atomic_write, read_run_file, run_file_exists
+from trace_rl.train.rundir import RunDir, atomic_write, read_run_file, run_file_exists
 
 HEADLINE_KEYS = (
     "critic/score/mean",
@@ -251,8 +251,7 @@ def _rollout_options(folder: Path) -> str:
     """The run's `rollout.*` settings that differ from their defaults (` (stage2_objective: prompt, ...)`),
     so a variant of a method reads as one; empty where there are none or config.yaml cannot be read."""
     try:
-        path = folder / "config.yaml"  # in the open, or packed with a committed result's logs
-        rollout = (load_yaml(read_run_file(path).decode("utf-8"), str(path)) or {}).get("rollout") or {}
+        rollout = RunDir(folder).read_config().get("rollout") or {}  # in the open, or packed with a committed result's logs
     except (ConfigError, AttributeError, OSError, UnicodeDecodeError):
         return ""
     defaults = {f.name: f.default for f in dataclasses.fields(RolloutConfig) if f.default is not dataclasses.MISSING}

@@ -234,7 +234,7 @@ def find_runs(path: str | Path) -> dict[str, list[Path]]:
         parts = run.relative_to(path).parts
         if len(parts) == 1:  # DIR/<method>/ with a single run
             found[parts[0]] = [run]
-        elif len(parts) == 2 and not run_file_exists(path / parts[0] / "metrics.jsonl"):
+        elif len(parts) == 2 and path / parts[0] not in runs:  # a method folder that is a run has no seeds
             found.setdefault(parts[0], []).append(run)
     found = {method: sorted(seeds, key=_seed_order) for method, seeds in found.items()}
     if not found:

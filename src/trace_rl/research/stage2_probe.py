@@ -32,9 +32,8 @@ import numpy as np
 
 from trace_rl.core.advantage import get_estimator
 from trace_rl.core.tree import RolloutTree, read_jsonl
-from trace_rl.infra.config import load_yaml
 from trace_rl.planning.methods import METHODS
-from trace_rl.train.rundir import RunDir, read_run_file
+from trace_rl.train.rundir import RunDir
 
 BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 """Edges of the calibration bins of a prefix's predicted chance of a flip."""
@@ -135,7 +134,7 @@ def calibration(records: Iterable[dict[str, float]]) -> dict[str, Any]:
 def probe_run(run_dir: str | Path, *, warmup: int = 5) -> dict[str, Any]:
     """The probe over a run's saved trees after `warmup` steps (its own estimator and success threshold)."""
     run = RunDir(run_dir)
-    config = load_yaml(read_run_file(run.config_path).decode("utf-8"), str(run.config_path)) or {}
+    config = run.read_config()
     threshold = float((config.get("rollout") or {}).get("success_threshold", 0.5))
     train = config.get("train") or {}
     method = (config.get("rollout") or {}).get("method", "trace")

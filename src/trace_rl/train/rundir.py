@@ -68,7 +68,7 @@ from typing import Any
 import numpy as np
 
 from trace_rl.core.tree import RolloutTree, write_jsonl
-from trace_rl.infra.config import ConfigError
+from trace_rl.infra.config import ConfigError, load_yaml
 
 _STEP_FILE = re.compile(r"step_(\d+)\.jsonl$")
 _CHECKPOINT = re.compile(r"step_(\d+)\.pt")
@@ -122,6 +122,11 @@ class RunDir:
     @property
     def metrics_path(self) -> Path:
         return self.path / "metrics.jsonl"
+
+    def read_config(self) -> dict[str, Any]:
+        """The run's `config.yaml` as data, in the open or packed (`read_run_file`), parsed as every
+        config is (`load_yaml`); {} for an empty file. FileNotFoundError when there is none."""
+        return load_yaml(read_run_file(self.config_path).decode("utf-8"), str(self.config_path)) or {}
 
     @property
     def code_path(self) -> Path:
