@@ -16,6 +16,7 @@ their `figures.json` (saying so in the results).
     python experiments/evidence_study.py status
     python experiments/evidence_study.py pause stop "the test suite"   # ... pause cont
     python experiments/evidence_study.py save           # (start does this every few minutes)
+    python experiments/evidence_study.py stop           # each run stops after its step, checkpointed
     python experiments/evidence_study.py finish         # once every phase is done
 
 Pauses are logged in `experiments/evidence_study/pauses.log` (`results.py study --pauses` reads it),
@@ -39,6 +40,7 @@ from pathlib import Path
 MAIN = Path(__file__).resolve().parents[1]
 SAVED = MAIN / "experiments" / "evidence_study"
 PAUSES = SAVED / "pauses.log"
+RESUMES = SAVED / "resumes.log"
 WORK = Path(os.environ.get("EVIDENCE_WORK", "/work/exp-evidence"))
 PLAN_COMMIT = "8034c58366e746d2d5e690240c8908d3c8e626e9"
 """The code every run of the study is made with (the plan's commit; its `code.json` says so)."""
@@ -112,7 +114,13 @@ def _figures(run: Path) -> dict:
     import results  # scripts/results.py
     from trace_rl.research.stage2_probe import probe_run
 
-    figures = {"trees": results.tree_figures(run, 5, 12), "probe": None}
+    from trace_rl.research.study import clock, read_pauses
+
+    figures = {"trees": results.tree_figures(run, 5, 12), "probe": None, "clock": None}
+    try:
+        figures["clock"] = clock(run, read_pauses(PAUSES) if PAUSES.is_file() else [])
+    except ValueError:  # a pause still open (a save by hand while the runs are stopped): the export recomputes it
+        pass
     probe = probe_run(run, warmup=5)
     if probe.get("prefixes"):
         figures["probe"] = probe
@@ -178,15 +186,109 @@ def run_phases() -> None:
     print(f"== {_now()} done", flush=True)
 
 
+ROWS = ("grpo", "grpo_4", "grpo_8", "dapo_8x4", "knapsack", "pcl", "knapsack_16", "brace", "trace_stage1", "trace", "trace_expected")
+"""The plan's rows in its table's order; the strongest baseline is chosen among those before `trace_stage1`."""
+CONTRASTS = ("trace:@strongest", "trace:trace_stage1", "trace_expected:trace_stage1", "trace_expected:trace")
+"""The plan's primary contrast first, then what the tree adds and what valuing prefixes by the expectation changes."""
+
+
+def _merge(found: dict, saved: dict) -> dict:
+    """`found` (row -> {"seeds": {seed: figures}}) with the saved figures of runs it lacks, and each
+    row's mean over its seeds recomputed as `results.py trees` / `probe` take it."""
+    import numpy as np
+
+    for row, seeds in saved.items():
+        for seed, figures in seeds.items():
+            found.setdefault(row, {"seeds": {}})["seeds"].setdefault(seed, figures)
+    for row in found.values():
+        row["seeds"] = dict(sorted(row["seeds"].items()))
+        numbers = [{k: v for k, v in seed.items() if isinstance(v, (int, float))} for seed in row["seeds"].values()]
+        row["mean"] = {k: float(np.mean([n[k] for n in numbers])) for k in numbers[0]}
+    return found
+
+
+def _saved_figures(folder: str, kind: str) -> dict:
+    """row -> seed -> the `kind` figures ("trees", "probe", "clock") saved with each finished run."""
+    out: dict = {}
+    for archive in sorted((SAVED / folder).glob("*/seed_*.tar.xz")):
+        with tarfile.open(archive) as tar:
+            figures = json.loads(tar.extractfile("figures.json").read())
+        if figures.get(kind):
+            out.setdefault(archive.parent.name, {})[archive.name.split(".")[0]] = figures[kind]
+    return out
+
+
+def finish() -> None:
+    """The study's results into docs/results/: each phase exported (logs packed, no plots of its own),
+    where the budget went and what Stage 2 bought (`trees.json`, `probe.json`: recomputed from the live
+    trees, with the saved figures of runs whose trees this machine no longer has), then the
+    pre-registered analysis over the three folders with its plots (`study --out`), and the pause and
+    resume logs beside it."""
+    import results  # scripts/results.py
+    from trace_rl.train.rundir import CLOCK_FILE, read_run_file
+
+    if _runner() is not None:
+        sys.exit("the runner is still going: finish once every phase is done")
+    for folder, config in PHASES:
+        going = [str(r) for r in _runs(WORK / "runs" / folder) if not _finished(r)]
+        if going or not (WORK / "runs" / folder / "summary.json").is_file():
+            sys.exit(f"{folder} is not done ({', '.join(going) or 'no summary.json'})")
+    results_dir = MAIN / "docs" / "results"
+    for folder, config in PHASES:
+        live, dest = WORK / "runs" / folder, results_dir / folder
+        (dest / "command.txt").parent.mkdir(parents=True, exist_ok=True)
+        (dest / "command.txt").write_text(
+            f"# made by experiments/evidence_study.py start: at the plan's commit {PLAN_COMMIT[:7]} (a worktree),\n"
+            f"# runs saved to experiments/evidence_study/ as they finished; resumes and pauses in ../evidence_tiny/\n"
+            f"trace-rl compare --config {config} --out runs/{folder}\n")
+        results.export(live, dest, MAIN / config, pauses=PAUSES, plots=False)
+        clocks = json.loads(read_run_file(dest / CLOCK_FILE))
+        for row, seeds in _saved_figures(folder, "clock").items():  # runs whose trees are gone keep their saved clock
+            for seed, clock in seeds.items():
+                clocks.setdefault(row, {}).setdefault(seed[5:], clock)
+        (dest / CLOCK_FILE).write_text(json.dumps(clocks, indent=1, sort_keys=True) + "\n")
+        results.pack(dest)
+        trees = results.trees(live)
+        trees["methods"] = _merge(trees["methods"], _saved_figures(folder, "trees"))
+        (dest / "trees.json").write_text(json.dumps(trees, indent=1) + "\n")
+        probe = results.probe([live])
+        probe["rows"] = _merge(probe["rows"], _saved_figures(folder, "probe"))
+        (dest / "probe.json").write_text(json.dumps(probe, indent=1) + "\n")
+    study = results_dir / PHASES[0][0]
+    results.main(["study", *(str(results_dir / f) for f, _ in PHASES), "--steps", str(STEPS), "--reference", "grpo",
+                  *(a for c in CONTRASTS for a in ("--contrast", c)), "--candidates", *ROWS[:ROWS.index("trace_stage1")],
+                  "--baseline-seeds", "0", "1", "2", "--order", *ROWS, "--out", str(study)])
+    for log in (PAUSES, RESUMES):
+        if log.is_file():
+            (study / log.name).write_text(log.read_text())
+    size = subprocess.run(["du", "-sk", str(results_dir)], capture_output=True, text=True, check=True).stdout.split()[0]
+    print(f"docs/results: {size} KiB (du -sk)")
+
+
 def start() -> None:
     setup()
     if _runner() is not None:
         print(f"already running (process group {_runner()})")
         return
+    _log_resumes()
     log = open(WORK / "runs" / "evidence.log", "a")
     job = subprocess.Popen([sys.executable, __file__, "run"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     (WORK / "runs" / "runner.pid").write_text(f"{job.pid}\n")
     print(f"started: process group {job.pid}, log {WORK / 'runs' / 'evidence.log'}")
+
+
+def _log_resumes() -> None:
+    """Note each run that (re)starts from a checkpoint rather than from its first step: the study's
+    results list them (a resumed run equals an unbroken one: `tests/test_train.py`)."""
+    lines = []
+    for folder, _ in PHASES:
+        for run in _runs(WORK / "runs" / folder):
+            latest = run / "checkpoints" / "latest"
+            if not _finished(run) and latest.is_file():
+                lines.append(f"{_now()} {folder}/{run.parent.name}/{run.name} from {latest.read_text().strip()}\n")
+    if lines:
+        with RESUMES.open("a") as log:
+            log.writelines(lines)
 
 
 def _runner() -> int | None:
@@ -216,6 +318,20 @@ def pause(action: str, why: str = "") -> None:
     print(f"{action}: process group {group}")
 
 
+def stop() -> None:
+    """Stop the runs cleanly: SIGTERM to the comparison alone (it stops each run after its step, with a
+    checkpoint there, and the runner exits with it); a signal to the whole group would reach the
+    workers twice and stop them at once, back at their last periodic checkpoint."""
+    group = _runner()
+    if group is None:
+        sys.exit("no runner is running")
+    found = subprocess.run(["pgrep", "-g", str(group), "-f", "trace_rl compare"], capture_output=True, text=True).stdout.split()
+    compare = [int(p) for p in found if int(p) != group and os.getpgid(int(p)) == group]
+    for pid in compare[:1]:
+        os.kill(pid, signal.SIGTERM)
+    print(f"stopping: comparison {compare[:1] or 'none found'} of process group {group}")
+
+
 def status() -> None:
     for folder, _ in PHASES:
         runs = list(_runs(WORK / "runs" / folder))
@@ -228,7 +344,7 @@ def status() -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("setup", "start", "run", "save", "status"):
+    for name in ("setup", "start", "run", "save", "status", "stop", "finish"):
         sub.add_parser(name)
     paused = sub.add_parser("pause")
     paused.add_argument("action", choices=("stop", "cont"))
@@ -237,7 +353,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "pause":
         pause(args.action, args.why)
     else:
-        {"setup": setup, "start": start, "run": run_phases, "save": save, "status": status}[args.command]()
+        {"setup": setup, "start": start, "run": run_phases, "save": save, "status": status, "stop": stop, "finish": finish}[args.command]()
 
 
 if __name__ == "__main__":
