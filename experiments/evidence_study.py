@@ -41,6 +41,7 @@ MAIN = Path(__file__).resolve().parents[1]
 SAVED = MAIN / "experiments" / "evidence_study"
 PAUSES = SAVED / "pauses.log"
 RESUMES = SAVED / "resumes.log"
+MACHINES = SAVED / "machines.log"
 WORK = Path(os.environ.get("EVIDENCE_WORK", "/work/exp-evidence"))
 PLAN_COMMIT = "8034c58366e746d2d5e690240c8908d3c8e626e9"
 """The code every run of the study is made with (the plan's commit; its `code.json` says so)."""
@@ -258,7 +259,7 @@ def finish() -> None:
     results.main(["study", *(str(results_dir / f) for f, _ in PHASES), "--steps", str(STEPS), "--reference", "grpo",
                   *(a for c in CONTRASTS for a in ("--contrast", c)), "--candidates", *ROWS[:ROWS.index("trace_stage1")],
                   "--baseline-seeds", "0", "1", "2", "--order", *ROWS, "--out", str(study)])
-    for log in (PAUSES, RESUMES):
+    for log in (PAUSES, RESUMES, MACHINES):
         if log.is_file():
             (study / log.name).write_text(log.read_text())
     size = subprocess.run(["du", "-sk", str(results_dir)], capture_output=True, text=True, check=True).stdout.split()[0]
@@ -271,6 +272,7 @@ def start() -> None:
         print(f"already running (process group {_runner()})")
         return
     _log_resumes()
+    _log_machine()
     log = open(WORK / "runs" / "evidence.log", "a")
     job = subprocess.Popen([sys.executable, __file__, "run"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     (WORK / "runs" / "runner.pid").write_text(f"{job.pid}\n")
@@ -289,6 +291,17 @@ def _log_resumes() -> None:
     if lines:
         with RESUMES.open("a") as log:
             log.writelines(lines)
+
+
+def _log_machine() -> None:
+    """The CPU the runs go on from now (the plan's commit records no CPU in `code.json`): runs are
+    reproducible on one kind of CPU, and a step's time depends on it."""
+    cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("model name")), "unknown")
+    flags = next((line.split(":", 1)[1].split() for line in cpu.splitlines() if line.startswith("flags")), [])
+    vector = "AVX512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    with MACHINES.open("a") as log:
+        log.write(f"{_now()} {model}, {vector}{', bf16' if 'avx512_bf16' in flags else ''}, {os.cpu_count()} cores\n")
 
 
 def _runner() -> int | None:
