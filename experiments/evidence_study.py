@@ -17,6 +17,7 @@ their `figures.json` (saying so in the results).
     python experiments/evidence_study.py pause stop "the test suite"   # ... pause cont
     python experiments/evidence_study.py save           # (start does this every few minutes)
     python experiments/evidence_study.py stop           # each run stops after its step, checkpointed
+                                                        # (a resume at the plan's commit is not bitwise: stop rarely)
     python experiments/evidence_study.py finish         # once every phase is done
 
 Pauses are logged in `experiments/evidence_study/pauses.log` (`results.py study --pauses` reads it),
@@ -281,7 +282,9 @@ def start() -> None:
 
 def _log_resumes() -> None:
     """Note each run that (re)starts from a checkpoint rather than from its first step: the study's
-    results list them (a resumed run equals an unbroken one: `tests/test_train.py`)."""
+    results list them. At the plan's commit a resumed run can leave its unbroken twin at float noise
+    (the `hf` engine's prefix cache, fixed in 8f67add, after the plan): a valid run, but not the same
+    numbers past the resume, so `results.py reproduce` is checked on steps before it."""
     lines = []
     for folder, _ in PHASES:
         for run in _runs(WORK / "runs" / folder):
