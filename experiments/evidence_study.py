@@ -18,6 +18,7 @@ their `figures.json` (saying so in the results).
     python experiments/evidence_study.py save           # (start does this every few minutes)
     python experiments/evidence_study.py stop           # each run stops after its step, checkpointed
                                                         # (a resume at the plan's commit is not bitwise: stop rarely)
+    python experiments/evidence_study.py choose         # the strongest baseline (the runner does it after phase 2)
     python experiments/evidence_study.py finish         # once every phase is done
 
 Pauses are logged in `experiments/evidence_study/pauses.log` (`results.py study --pauses` reads it),
@@ -167,13 +168,47 @@ def save(commit: bool = True) -> list[str]:
     return new
 
 
+def choose() -> str:
+    """The plan's rule, applied once phases 1 and 2 are done: the strongest baseline (the candidate row
+    with the highest mean final accuracy over seeds 0-2, ties to the earlier row) is added to phase 3's
+    config and named in the plan, in one commit, before phase 3 starts. Returns the row."""
+    from trace_rl.research.study import study
+
+    if _phase3_ready():
+        import yaml
+
+        return yaml.safe_load((MAIN / PHASES[2][1]).read_text())["methods"][3]
+    result = study([WORK / "runs" / f for f, _ in PHASES[:2]], steps=STEPS, candidates=ROWS[:ROWS.index("trace_stage1")], baseline_seeds=[0, 1, 2])
+    rule = result["strongest_baseline"]
+    row = rule["row"]
+    if row is None:
+        sys.exit(f"the strongest baseline cannot be chosen yet: {rule['means']}")
+    means = ", ".join(f"`{r}` {m:.4f}" for r, m in sorted(rule["means"].items(), key=lambda item: -item[1]))
+    config, plan = MAIN / PHASES[2][1], MAIN / "docs" / "results" / "evidence_tiny" / "plan.md"
+    text = config.read_text()
+    old = "methods: [trace_stage1, trace, trace_expected]"
+    if old not in text:
+        sys.exit(f"{config} does not hold {old!r}: add the row by hand")
+    config.write_text(text.replace(old, f"methods: [trace_stage1, trace, trace_expected, {row}]  # {row}: the strongest baseline by the plan's rule"))
+    marker = "   phase 3 starts.\n"
+    plan_text = plan.read_text()
+    if marker not in plan_text:
+        sys.exit(f"{plan} has no {marker!r} to follow: name the row by hand")
+    plan.write_text(plan_text.replace(marker, marker + f"   **Chosen ({_now()[:10]}, by `experiments/evidence_study.py choose`, phases 1 and 2 done): `{row}`.** "
+                                      f"Mean final accuracy over seeds 0-2: {means}.\n", 1))
+    subprocess.run(["git", "-C", str(MAIN), "commit", "-q", "-m", f"evidence study: the strongest baseline is {row}, phase 3 adds it",
+                    "-m", f"The plan's rule over seeds 0-2 after phases 1 and 2: {means}.", "--", str(config), str(plan)], check=True)
+    print(f"the strongest baseline: {row} ({means})")
+    return row
+
+
 def run_phases() -> None:
     """Every phase in turn (phase 3 once its baseline is named), saving finished runs as they come."""
     env = {**os.environ, "PYTHONPATH": str(WORK / "src")}
     for folder, config in PHASES:
-        if folder == PHASES[2][0] and not _phase3_ready():
-            print(f"== {_now()} phase 3 waits for the strongest baseline in {config}", flush=True)
-            break
+        if folder == PHASES[2][0]:
+            print(f"== {_now()} the strongest baseline: {choose()}", flush=True)
+            (WORK / config).write_text((MAIN / config).read_text())
         print(f"== {_now()} {folder}", flush=True)
         job = subprocess.Popen([_python(), "-m", "trace_rl", "compare", "--config", config, "--out", f"runs/{folder}"], cwd=WORK, env=env)
         while job.poll() is None:
@@ -360,7 +395,7 @@ def status() -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("setup", "start", "run", "save", "status", "stop", "finish"):
+    for name in ("setup", "start", "run", "save", "status", "stop", "choose", "finish"):
         sub.add_parser(name)
     paused = sub.add_parser("pause")
     paused.add_argument("action", choices=("stop", "cont"))
@@ -369,7 +404,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "pause":
         pause(args.action, args.why)
     else:
-        {"setup": setup, "start": start, "run": run_phases, "save": save, "status": status, "stop": stop, "finish": finish}[args.command]()
+        {"setup": setup, "start": start, "run": run_phases, "save": save, "status": status, "stop": stop, "choose": choose, "finish": finish}[args.command]()
 
 
 if __name__ == "__main__":

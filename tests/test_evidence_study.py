@@ -4,10 +4,12 @@ machine as a run the comparison skips, and its tree figures stand in for the tre
 from __future__ import annotations
 
 import json
+import subprocess
 import tarfile
 from pathlib import Path
 
 import pytest
+import yaml
 from repo_files import load
 
 from trace_rl.core.tree import RolloutTree, write_jsonl
@@ -96,3 +98,38 @@ def test_merge_keeps_what_was_recomputed_and_adds_only_the_missing_seeds() -> No
     merged = study._merge(found, saved)
     assert merged["trace"]["seeds"] == {"seed_0": {"x": 3.0}, "seed_1": {"x": 1.0, "note": "live"}}
     assert merged["trace"]["mean"] == {"x": 2.0} and merged["brace"]["mean"] == {"x": 5.0}
+
+
+def test_choose_names_the_plans_strongest_baseline_in_config_and_plan_in_one_commit(places: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    work, _ = places
+    main = tmp_path / "main"
+    for name in (study.PHASES[2][1], "docs/results/evidence_tiny/plan.md"):
+        (main / name).parent.mkdir(parents=True, exist_ok=True)
+        (main / name).write_text((study.MAIN / name).read_text())
+    monkeypatch.setattr(study, "MAIN", main)
+    for who in ("AUTHOR", "COMMITTER"):
+        monkeypatch.setenv(f"GIT_{who}_NAME", "t")
+        monkeypatch.setenv(f"GIT_{who}_EMAIL", "t@t")
+    subprocess.run(["git", "init", "-q", str(main)], check=True)
+    subprocess.run(["git", "-C", str(main), "add", "."], check=True)
+    subprocess.run(["git", "-C", str(main), "commit", "-qm", "plan"], check=True)
+    finals = {"grpo": 0.20, "grpo_4": 0.25, "grpo_8": 0.22, "dapo_8x4": 0.21, "knapsack": 0.20, "pcl": 0.25, "knapsack_16": 0.24,
+              "brace": 0.23, "trace": 0.40}  # pcl ties grpo_4 on the mean: the earlier row stands; trace is no candidate
+    for row, final in finals.items():
+        folder = "evidence_tiny_brace" if row in ("brace", "knapsack_16") else "evidence_tiny"
+        for seed, shift in enumerate((-0.01, 0.0, 0.01)):
+            run = work / "runs" / folder / row / f"seed_{seed}"
+            run.mkdir(parents=True)
+            (run / "metrics.jsonl").write_text(json.dumps({"step": study.STEPS, "val/accuracy_sampled": final + shift}) + "\n")
+    missing = work / "runs" / "evidence_tiny_brace" / "brace" / "seed_2" / "metrics.jsonl"
+    kept = missing.read_text()
+    missing.write_text(json.dumps({"step": 60, "val/accuracy_sampled": 0.9}) + "\n")  # brace seed 2 still going
+    with pytest.raises(SystemExit, match="cannot be chosen yet"):
+        study.choose()
+    missing.write_text(kept)
+    assert study.choose() == "grpo_4"
+    assert yaml.safe_load((main / study.PHASES[2][1]).read_text())["methods"] == ["trace_stage1", "trace", "trace_expected", "grpo_4"]
+    assert "**Chosen (" in (main / "docs/results/evidence_tiny/plan.md").read_text() and "`grpo_4`.**" in (main / "docs/results/evidence_tiny/plan.md").read_text()
+    log = subprocess.run(["git", "-C", str(main), "show", "--stat", "--format=%s", "HEAD"], capture_output=True, text=True, check=True).stdout
+    assert log.startswith("evidence study: the strongest baseline is grpo_4") and "plan.md" in log and "more_seeds.yaml" in log
+    assert study.choose() == "grpo_4"  # chosen once: a second call reads the config
