@@ -12,6 +12,7 @@ again and unpacks what was saved, so the comparisons skip those runs. `finish` e
 `docs/results/` from the live runs, and takes the tree figures of runs whose trees were lost from
 their `figures.json` (saying so in the results).
 
+    make venv                                           # on a fresh machine, first
     python experiments/evidence_study.py start          # setup, then every phase in the background
     python experiments/evidence_study.py status
     python experiments/evidence_study.py pause stop "the test suite"   # ... pause cont
@@ -35,6 +36,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -53,6 +55,10 @@ PHASES = (("evidence_tiny", "configs/evidence_tiny.yaml"),
 STEPS = 100
 RUN_FILES = ("metrics.jsonl", "config.yaml", "code.json")
 SAVE_EVERY_S = 300
+BANKS = ("evidence_tiny/grpo_4",)
+"""Runs phase 2 reads (`brace`'s warm bank: every bare rollout's outcome in their saved trees)."""
+BANK_FIELDS = ("id", "parent", "depth", "children", "reward", "rollout_start", "budget")
+"""What a node keeps in a bank run's saved trees: its place in the tree and its outcome (`bank_counts`)."""
 START = "react"
 
 sys.path.insert(0, str(MAIN / "scripts"))
@@ -130,30 +136,64 @@ def _figures(run: Path) -> dict:
     return figures
 
 
-def _pack(run: Path, figures: dict) -> bytes:
-    """A deterministic tar.xz of the run's files and its figures (names sorted, no times or owners)."""
+def _bank_trees(run: Path) -> dict[str, tuple[bytes, float]]:
+    """A bank run's saved trees with each node cut to `BANK_FIELDS` (text, tokens and log-probs out,
+    about a twentieth of the bytes), by name, with each file's time (its step's end: the clock); the
+    outcomes `brace` banks from them are checked equal to the full trees'."""
+    from trace_rl.predictor.bank import bank_counts
+
+    out = {}
+    for path in sorted((run / "trees").glob("step_*.jsonl")):
+        lines = []
+        for line in path.read_text().splitlines():
+            tree = json.loads(line)
+            tree["prompt"], tree["nodes"] = "", [{k: node[k] for k in BANK_FIELDS if k in node} for node in tree["nodes"]]
+            lines.append(json.dumps(tree) + "\n")
+        out[f"trees/{path.name}"] = ("".join(lines).encode(), path.stat().st_mtime)
+    with tempfile.TemporaryDirectory() as cut:
+        for name, (data, _) in out.items():
+            (Path(cut) / name).parent.mkdir(parents=True, exist_ok=True)
+            (Path(cut) / name).write_bytes(data)
+        if out and bank_counts([cut], 0.5) != bank_counts([run], 0.5):
+            raise RuntimeError(f"{run}: the cut trees bank other outcomes than the full ones")
+    return out
+
+
+def _pack(run: Path, figures: dict, bank: bool = False) -> bytes:
+    """A deterministic tar.xz of the run's files and its figures (names sorted, no owners; no times
+    but a bank run's tree files', which say when its steps ended)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:xz", preset=9) as tar:
-        members = {name: (run / name).read_bytes() for name in RUN_FILES if (run / name).is_file()}
-        members["figures.json"] = (json.dumps(figures, indent=1) + "\n").encode()
+        members = {name: ((run / name).read_bytes(), 0.0) for name in RUN_FILES if (run / name).is_file()}
+        members["figures.json"] = ((json.dumps(figures, indent=1) + "\n").encode(), 0.0)
+        if bank:
+            members.update(_bank_trees(run))
         for name in sorted(members):
+            data, mtime = members[name]
             info = tarfile.TarInfo(name)
-            info.size, info.mode = len(members[name]), 0o644
-            tar.addfile(info, io.BytesIO(members[name]))
+            info.size, info.mode, info.mtime = len(data), 0o644, int(mtime)
+            tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
 
 
+def _has_trees(archive: Path) -> bool:
+    with tarfile.open(archive) as tar:
+        return any(name.startswith("trees/") for name in tar.getnames())
+
+
 def save(commit: bool = True) -> list[str]:
-    """Pack every finished run not yet saved into experiments/evidence_study/, and commit them."""
+    """Pack every finished run not yet saved into experiments/evidence_study/, and commit them (a bank
+    run saved without its trees, by a runner older than `BANKS`, is packed again with them)."""
     new = []
     for folder, _ in PHASES:
         for run in _runs(WORK / "runs" / folder):
             archive = SAVED / folder / run.parent.name / f"{run.name}.tar.xz"
-            if archive.exists() or not _finished(run):
+            bank = f"{folder}/{run.parent.name}" in BANKS
+            if not _finished(run) or (archive.exists() and not (bank and not _has_trees(archive) and (run / "trees").is_dir())):
                 continue
             figures = _figures(run) if run.parent.name != START else {}
             archive.parent.mkdir(parents=True, exist_ok=True)
-            archive.write_bytes(_pack(run, figures))
+            archive.write_bytes(_pack(run, figures, bank=bank))
             new.append(f"{folder}/{run.parent.name}/{run.name}")
     if new and commit:
         paths = [str(SAVED.relative_to(MAIN))]
@@ -309,6 +349,7 @@ def start() -> None:
         return
     _log_resumes()
     _log_machine()
+    (WORK / "runs").mkdir(exist_ok=True)
     log = open(WORK / "runs" / "evidence.log", "a")
     job = subprocess.Popen([sys.executable, __file__, "run"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     (WORK / "runs" / "runner.pid").write_text(f"{job.pid}\n")

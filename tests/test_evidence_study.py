@@ -133,3 +133,32 @@ def test_choose_names_the_plans_strongest_baseline_in_config_and_plan_in_one_com
     log = subprocess.run(["git", "-C", str(main), "show", "--stat", "--format=%s", "HEAD"], capture_output=True, text=True, check=True).stdout
     assert log.startswith("evidence study: the strongest baseline is grpo_4") and "plan.md" in log and "more_seeds.yaml" in log
     assert study.choose() == "grpo_4"  # chosen once: a second call reads the config
+
+
+def test_a_bank_run_keeps_its_trees_cut_to_the_outcomes_brace_banks(places: tuple[Path, Path]) -> None:
+    """Phase 2's `brace` reads phase 1's `grpo_4` trees: their archive keeps them, each node cut to its
+    place and outcome, so a fresh machine banks the same counts and draws the same tree figures."""
+    from trace_rl.predictor.bank import bank_counts
+
+    work, saved = places
+    run = work / "runs" / "evidence_tiny" / "grpo_4" / "seed_0"
+    _run(run, study.STEPS)
+    full = sum(p.stat().st_size for p in (run / "trees").iterdir())
+    figures = results.tree_figures(run, 5, 12)
+    study.save(commit=False)
+    with tarfile.open(saved / "evidence_tiny" / "grpo_4" / "seed_0.tar.xz") as tar:
+        names = tar.getnames()
+        cut = sum(tar.getmember(n).size for n in names if n.startswith("trees/"))
+    assert [n for n in names if n.startswith("trees/")] == [f"trees/step_{s:04d}.jsonl" for s in sorted(STEPS)]
+    assert cut < full
+    fresh = work.parent / "fresh"
+    study.WORK = fresh
+    (fresh / ".git").mkdir(parents=True)
+    (fresh / "configs").mkdir()
+    study.setup()
+    restored = fresh / "runs" / "evidence_tiny" / "grpo_4" / "seed_0"
+    assert bank_counts([restored], 0.5) == bank_counts([run], 0.5) != {}
+    assert results.tree_figures(restored, 5, 12) == figures
+    for step in STEPS:
+        name = f"step_{step:04d}.jsonl"
+        assert int((restored / "trees" / name).stat().st_mtime) == int((run / "trees" / name).stat().st_mtime)  # the clock
