@@ -32,6 +32,7 @@ import argparse
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -110,7 +111,7 @@ def setup() -> None:
         if _finished(run):
             continue
         if run.exists():  # an unfinished copy of a run that finished elsewhere: the saved one stands
-            subprocess.run(["rm", "-rf", str(run)], check=True)
+            shutil.rmtree(run)
         run.mkdir(parents=True)
         with tarfile.open(archive) as tar:
             tar.extractall(run, filter="data")
@@ -122,7 +123,6 @@ def _figures(run: Path) -> dict:
     """What `results.py trees` and `probe` take from a run's saved trees (None where it has none)."""
     import results  # scripts/results.py
     from trace_rl.research.stage2_probe import probe_run
-
     from trace_rl.research.study import clock, read_pauses
 
     figures = {"trees": results.tree_figures(run, 5, 12), "probe": None, "clock": None}
@@ -269,19 +269,23 @@ CONTRASTS = ("trace:@strongest", "trace:trace_stage1", "trace_expected:trace_sta
 """The plan's primary contrast first, then what the tree adds and what valuing prefixes by the expectation changes."""
 
 
-def _merge(found: dict, saved: dict) -> dict:
+def _merge(found: dict, saved: dict) -> tuple[dict, list[str]]:
     """`found` (row -> {"seeds": {seed: figures}}) with the saved figures of runs it lacks, and each
-    row's mean over its seeds recomputed as `results.py trees` / `probe` take it."""
+    row's mean over its seeds recomputed as `results.py trees` / `probe` take it; and the runs
+    ("row/seed") whose figures came from their saved copy."""
     import numpy as np
 
+    filled = []
     for row, seeds in saved.items():
         for seed, figures in seeds.items():
-            found.setdefault(row, {"seeds": {}})["seeds"].setdefault(seed, figures)
+            if seed not in found.get(row, {}).get("seeds", {}):
+                found.setdefault(row, {"seeds": {}})["seeds"][seed] = figures
+                filled.append(f"{row}/{seed}")
     for row in found.values():
         row["seeds"] = dict(sorted(row["seeds"].items()))
         numbers = [{k: v for k, v in seed.items() if isinstance(v, (int, float))} for seed in row["seeds"].values()]
         row["mean"] = {k: float(np.mean([n[k] for n in numbers])) for k in numbers[0]}
-    return found
+    return found, filled
 
 
 def _saved_figures(folder: str, kind: str) -> dict:
@@ -326,10 +330,14 @@ def finish() -> None:
         (dest / CLOCK_FILE).write_text(json.dumps(clocks, indent=1, sort_keys=True) + "\n")
         results.pack(dest)
         trees = results.trees(live)
-        trees["methods"] = _merge(trees["methods"], _saved_figures(folder, "trees"))
+        trees["methods"], filled = _merge(trees["methods"], _saved_figures(folder, "trees"))
+        if filled:  # their trees are not on this machine: the figures saved when each finished
+            trees["from_saved_figures"] = filled
         (dest / "trees.json").write_text(json.dumps(trees, indent=1) + "\n")
         probe = results.probe([live])
-        probe["rows"] = _merge(probe["rows"], _saved_figures(folder, "probe"))
+        probe["rows"], filled = _merge(probe["rows"], _saved_figures(folder, "probe"))
+        if filled:
+            probe["from_saved_figures"] = filled
         (dest / "probe.json").write_text(json.dumps(probe, indent=1) + "\n")
     study = results_dir / PHASES[0][0]
     results.main(["study", *(str(results_dir / f) for f, _ in PHASES), "--steps", str(STEPS), "--reference", "grpo",

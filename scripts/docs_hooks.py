@@ -71,6 +71,8 @@ def trees_markdown(result: dict) -> str:
                    f"no success and failure among them, over a run's steps, and on how many steps some prompt got {at_least} or more that way.")]
     if result.get("unfinished"):
         lines += ["", "Not counted (unfinished): " + ", ".join(result["unfinished"]) + "."]
+    if result.get("from_saved_figures"):
+        lines += ["", "Figures of " + ", ".join(result["from_saved_figures"]) + " as saved when each run finished (its trees are not kept)."]
     return "\n".join(lines) + "\n"
 
 

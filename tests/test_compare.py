@@ -216,6 +216,9 @@ def test_exported_results_hold_the_runs_and_reproduce_the_summary_and_the_result
     text = hooks.page(dest)
     assert "## Where the budget went" in text and "| grpo | 1 | 0.500 | 0.250 | 0.125 | 12.0 | 3.0 |" in text
     assert "## What Stage 2 bought" in text and "| trace | 1 | 10 | 0.500 | 0.250 | — |" in text
+    assert "as saved when" not in text
+    (dest / "trees.json").write_text(json.dumps({**json.loads((dest / "trees.json").read_text()), "from_saved_figures": ["grpo/seed_0"]}))
+    assert "Figures of grpo/seed_0 as saved when each run finished" in hooks.page(dest)
 
 
 def test_a_variant_row_runs_its_method_with_its_overrides_into_its_own_folder(tmp_path):

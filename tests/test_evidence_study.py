@@ -86,7 +86,8 @@ def test_saved_tree_figures_stand_in_for_lost_trees_as_results_computes_them(pla
         for path in (folder / "trace" / seed / "trees").iterdir():
             path.unlink()
     assert results.trees(folder)["methods"] == {}
-    merged = study._merge({}, study._saved_figures("evidence_tiny", "trees"))
+    merged, filled = study._merge({}, study._saved_figures("evidence_tiny", "trees"))
+    assert filled == ["trace/seed_0", "trace/seed_1"]
     assert json.dumps(merged, sort_keys=True) == json.dumps(live["methods"], sort_keys=True)
     clocks = study._saved_figures("evidence_tiny", "clock")
     assert clocks["trace"]["seed_0"]["7"] == {"step": 2.0}
@@ -95,7 +96,8 @@ def test_saved_tree_figures_stand_in_for_lost_trees_as_results_computes_them(pla
 def test_merge_keeps_what_was_recomputed_and_adds_only_the_missing_seeds() -> None:
     found = {"trace": {"seeds": {"seed_1": {"x": 1.0, "note": "live"}}}}
     saved = {"trace": {"seed_0": {"x": 3.0}, "seed_1": {"x": 99.0}}, "brace": {"seed_0": {"x": 5.0}}}
-    merged = study._merge(found, saved)
+    merged, filled = study._merge(found, saved)
+    assert filled == ["trace/seed_0", "brace/seed_0"]
     assert merged["trace"]["seeds"] == {"seed_0": {"x": 3.0}, "seed_1": {"x": 1.0, "note": "live"}}
     assert merged["trace"]["mean"] == {"x": 2.0} and merged["brace"]["mean"] == {"x": 5.0}
 

@@ -116,3 +116,5 @@ def test_the_probe_table_shows_each_rows_means_and_flags_a_row_valued_by_the_exp
     mean = found["rows"]["trace"]["mean"]
     assert f"| trace | 1 | 2 | {mean['predicted_mixed']:.3f} | {mean['mixed']:.3f} |" in text
     assert "| trace_expected * | 1 |" in text and "trace_expected valued prefixes by the posterior expectation" in text
+    assert "as saved when" not in text
+    assert "Figures of trace/seed_0 as saved when each run finished" in probe_markdown({**found, "from_saved_figures": ["trace/seed_0"]})

@@ -195,4 +195,6 @@ def probe_markdown(result: dict[str, Any]) -> str:
     if expected:
         lines.append(f"\\* {', '.join(expected)} valued prefixes by the posterior expectation of mixing; its predictions here are the "
                      "formula at the posterior mean, which overstate what it allocated by.")
+    if result.get("from_saved_figures"):
+        lines.append("Figures of " + ", ".join(result["from_saved_figures"]) + " as saved when each run finished (its trees are not kept).")
     return "\n".join(lines) + "\n"
