@@ -23,3 +23,10 @@ def skip_without_sandbox(isolation: str | None = None) -> None:
         if os.environ.get("TRACE_RL_SANDBOX_TESTS") == "require":
             pytest.fail(f"the sandbox is required here (TRACE_RL_SANDBOX_TESTS=require) but cannot run: {reason}")
         pytest.skip(f"no sandbox can run model code on this machine ({reason}); install bubblewrap")
+
+
+def skip_without_sandbox_for(taskset) -> None:
+    """`skip_without_sandbox` where the task set has a `python` tool: its environment checks at build
+    time that model code can run sandboxed, and its oracle's calls run there."""
+    if "python" in {name for task in taskset.tasks for name in task.tools}:
+        skip_without_sandbox()

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
-from conftest import skip_without_sandbox
+from conftest import skip_without_sandbox, skip_without_sandbox_for
 
 from trace_rl.agent.agents import OracleAgent, RandomAgent, run_episode
 from trace_rl.agent.env import EnvSnapshot, StepResult, ToolEnv, check_env
@@ -427,6 +427,7 @@ def bundled(request):
 
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_oracle_solves_every_bundled_task_through_the_real_tools(bundled, fmt):
+    skip_without_sandbox_for(bundled["train"])
     for taskset in bundled.values():
         env = ToolEnv.for_taskset(taskset, turn_format=fmt)
         oracle = OracleAgent(taskset.oracle, env.format)
@@ -439,8 +440,7 @@ def test_oracle_solves_every_bundled_task_through_the_real_tools(bundled, fmt):
 
 def test_random_agent_almost_never_solves_a_bundled_task(bundled):
     taskset = bundled["train"]
-    if "python" in {name for task in taskset.tasks for name in task.tools}:
-        skip_without_sandbox()
+    skip_without_sandbox_for(taskset)
     env = ToolEnv.for_taskset(taskset)
     agent = RandomAgent.for_corpus(env.format, taskset.corpus)
     # toolmath's random agent runs sandboxed python (~0.1 s a call): a smaller sample keeps this quick
@@ -452,6 +452,7 @@ def test_random_agent_almost_never_solves_a_bundled_task(bundled):
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_branching_is_exact_on_bundled_tasks(bundled, fmt):
     taskset = bundled["test"]
+    skip_without_sandbox_for(taskset)
     env = ToolEnv.for_taskset(taskset, turn_format=fmt)
     oracle = OracleAgent(taskset.oracle, env.format)
     for task in taskset.tasks[:4]:
@@ -464,6 +465,7 @@ def test_branching_is_exact_on_bundled_tasks(bundled, fmt):
 def test_tasks_command_prints_oracle_and_random_success_as_json(capsys):
     from trace_rl.cli import main
 
+    skip_without_sandbox()  # toolmath's python tool
     assert main(["tasks", "multihop", "toolmath", "--num-tasks", "4", "--random-seeds", "1", "--format", "json"]) == 0
     out = capsys.readouterr().out
     assert "Question:" in out and "<tool_call>" in out

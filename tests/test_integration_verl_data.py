@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from conftest import skip_without_sandbox
 
 from trace_rl.agent.types import Task
 from trace_rl.infra.config import ConfigError, load_config
@@ -54,6 +55,7 @@ def gsm8k_file(path, questions):
 
 def test_verl_train_and_test_rows_of_a_file_task_share_no_question(tmp_path):
     """A file was one split, so the Qwen3 recipe's test.parquet was the first rows of its training file (issue 44)."""
+    skip_without_sandbox()  # a GSM8K-style file task has the python tool, checked when its environment is built
     train_file = gsm8k_file(tmp_path / "train.jsonl", [f"What is {i} plus {i}?" for i in range(40)])
     base = ["task.name=file:" + str(train_file), "task.test_tasks=null", "model.warm_start=false", "model.name=smollm2-135m"]
     share = task_rows(load_config(RunConfig, None, [*base, "task.options={test_share: 0.25}"]))

@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from conftest import skip_without_sandbox_for
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from trace_rl.agent.agents import OracleAgent, run_episode
@@ -255,6 +256,7 @@ def test_warm_start_is_trained_once_and_reused_until_its_recipe_changes(tmp_path
 
 def test_a_split_digits_warm_start_is_cached_apart_and_its_policy_splits_digits(tmp_path):
     train = load_taskset("toolmath", split="train", num_tasks=40)
+    skip_without_sandbox_for(train)
     env = build_env(RunConfig(), train)
     config = SFTConfig(demos=8, steps=2, batch_size=4, warmup_steps=1)
     merged = warm_start("tiny", train, env, config, cache_dir=tmp_path)

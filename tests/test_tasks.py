@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import skip_without_sandbox_for
 
 from trace_rl.agent.scoring import all_in_text, score
 from trace_rl.agent.tasks import available_tasksets, load_taskset, loaders, multihop
@@ -241,6 +242,7 @@ def test_toolmath_errors_benchmark_classes_each_rollout_by_its_first_move_off_th
     from trace_rl.core.tree import RolloutTree
     from trace_rl.run import RunConfig, build_env
 
+    skip_without_sandbox_for(tm_train)
     errors = load("experiments/toolmath_errors.py")
     task = next(t for t in tm_train.tasks if t.question.startswith("Ava buys 6 bags of rice at $1.30 each."))
     env = build_env(RunConfig(), tm_train)
