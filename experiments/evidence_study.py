@@ -189,7 +189,8 @@ def save(commit: bool = True) -> list[str]:
         for run in _runs(WORK / "runs" / folder):
             archive = SAVED / folder / run.parent.name / f"{run.name}.tar.xz"
             bank = f"{folder}/{run.parent.name}" in BANKS
-            if not _finished(run) or (archive.exists() and not (bank and not _has_trees(archive) and (run / "trees").is_dir())):
+            saved = archive.exists() and (not bank or _has_trees(archive) or not (run / "trees").is_dir())
+            if saved or not _finished(run):
                 continue
             figures = _figures(run) if run.parent.name != START else {}
             archive.parent.mkdir(parents=True, exist_ok=True)
