@@ -74,20 +74,18 @@ def _python() -> str:
 
 
 def _finished(run: Path) -> bool:
-    """A training run whose log reached the plan's last step, or a start evaluation with its record."""
-    log = run / "metrics.jsonl"
-    if not log.is_file():
-        return False
-    lines = log.read_text().splitlines()
-    if not lines:
-        return False
-    return run.parent.name == START or json.loads(lines[-1]).get("step", 0) >= STEPS
+    """A training run whose log reached the plan's last step, or a start evaluation with its record
+    (as `trace-rl compare` decides what to skip)."""
+    from trace_rl.train.rundir import RunDir
+
+    return bool(RunDir(run).metrics()) if run.parent.name == START else RunDir(run).finished_steps() >= STEPS
 
 
-def _runs(folder: Path):
-    for method in sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else ():
-        for run in sorted(method.glob("seed_*")):
-            yield run
+def _runs(folder: Path) -> list[Path]:
+    """The runs of a phase's comparison folder that have begun their log (`seed_runs`)."""
+    from trace_rl.train.rundir import seed_runs
+
+    return seed_runs(folder)
 
 
 def _phase3_ready() -> bool:
@@ -384,12 +382,12 @@ def _log_resumes() -> None:
 def _log_machine() -> None:
     """The CPU the runs go on from now (the plan's commit records no CPU in `code.json`): runs are
     reproducible on one kind of CPU, and a step's time depends on it."""
-    cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("model name")), "unknown")
-    flags = next((line.split(":", 1)[1].split() for line in cpu.splitlines() if line.startswith("flags")), [])
-    vector = "AVX512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    sys.path.insert(0, str(MAIN / "benchmarks"))
+    from hardware import cpuinfo  # benchmarks/hardware.py
+
+    model, flags = cpuinfo()
     with MACHINES.open("a") as log:
-        log.write(f"{_now()} {model}, {vector}{', bf16' if 'avx512_bf16' in flags else ''}, {os.cpu_count()} cores\n")
+        log.write(f"{_now()} {model}, {' '.join(flags) or 'no AVX2'}, {os.cpu_count()} cores\n")
 
 
 def _runner() -> int | None:
