@@ -270,9 +270,9 @@ CONTRASTS = ("trace:@strongest", "trace:trace_stage1", "trace_expected:trace_sta
 
 def _merge(found: dict, saved: dict) -> tuple[dict, list[str]]:
     """`found` (row -> {"seeds": {seed: figures}}) with the saved figures of runs it lacks, and each
-    row's mean over its seeds recomputed as `results.py trees` / `probe` take it; and the runs
-    ("row/seed") whose figures came from their saved copy."""
-    import numpy as np
+    row's mean over its seeds recomputed (`results.with_seed_means`); and the runs ("row/seed") whose
+    figures came from their saved copy."""
+    import results  # scripts/results.py
 
     filled = []
     for row, seeds in saved.items():
@@ -282,9 +282,7 @@ def _merge(found: dict, saved: dict) -> tuple[dict, list[str]]:
                 filled.append(f"{row}/{seed}")
     for row in found.values():
         row["seeds"] = dict(sorted(row["seeds"].items()))
-        numbers = [{k: v for k, v in seed.items() if isinstance(v, (int, float))} for seed in row["seeds"].values()]
-        row["mean"] = {k: float(np.mean([n[k] for n in numbers])) for k in numbers[0]}
-    return found, filled
+    return results.with_seed_means(found), filled
 
 
 def _saved_figures(folder: str, kind: str) -> dict:

@@ -312,6 +312,15 @@ def tree_figures(run: Path, warmup: int, at_least: int) -> dict | None:
             "unsolved_share": float(np.mean(unsolved))}
 
 
+def with_seed_means(rows: dict[str, dict]) -> dict[str, dict]:
+    """`rows` (row -> {"seeds": {seed: figures}}) with each row's "mean": every numeric figure averaged
+    over its seeds (`trees.json` and `probe.json` hold them so)."""
+    for figures in rows.values():
+        numbers = [{k: v for k, v in seed.items() if isinstance(v, (int, float))} for seed in figures["seeds"].values()]
+        figures["mean"] = {k: float(np.mean([n[k] for n in numbers])) for k in numbers[0]}
+    return rows
+
+
 def trees(run_dir: Path, warmup: int = 5, at_least: int = 12) -> dict:
     """`tree_figures` of every finished run of a comparison folder that kept its trees (one whose metrics
     reached its config's `train.steps`), by method and seed, with each method's mean over its seeds;
@@ -326,10 +335,7 @@ def trees(run_dir: Path, warmup: int = 5, at_least: int = 12) -> dict:
         figures = tree_figures(run, warmup, at_least)
         if figures is not None:
             found.setdefault(run.parent.name, {"seeds": {}})["seeds"][run.name] = figures
-    for method in found.values():
-        seeds = list(method["seeds"].values())
-        method["mean"] = {k: float(np.mean([s[k] for s in seeds])) for k in seeds[0]}
-    return {"warmup": warmup, "at_least": at_least, "methods": found, "unfinished": unfinished}
+    return {"warmup": warmup, "at_least": at_least, "methods": with_seed_means(found), "unfinished": unfinished}
 
 
 def probe(folders: Sequence[Path], rows: Sequence[str] = (), warmup: int = 5) -> dict:
@@ -346,10 +352,7 @@ def probe(folders: Sequence[Path], rows: Sequence[str] = (), warmup: int = 5) ->
                 result = probe_run(run, warmup=warmup)
                 if result.get("prefixes"):
                     found.setdefault(row, {"seeds": {}})["seeds"][run.name] = result
-    for figures in found.values():
-        numbers = [{k: v for k, v in seed.items() if isinstance(v, (int, float))} for seed in figures["seeds"].values()]
-        figures["mean"] = {k: float(np.mean([n[k] for n in numbers])) for k in numbers[0]}
-    return {"warmup": warmup, "rows": found}
+    return {"warmup": warmup, "rows": with_seed_means(found)}
 
 
 def _print_json(data: dict, out: Path | None) -> int:
