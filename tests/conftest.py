@@ -30,3 +30,18 @@ def skip_without_sandbox_for(taskset) -> None:
     time that model code can run sandboxed, and its oracle's calls run there."""
     if "python" in {name for task in taskset.tasks for name in task.tools}:
         skip_without_sandbox()
+
+
+def write_reward_trees(run, steps: dict[int, list[list[float]]]) -> None:
+    """A run folder's saved trees (`trees/step_<k>.jsonl`): at each step one tree per prompt, each
+    with one bare rollout per reward listed (prompt ids p0, p1, ... in order)."""
+    from trace_rl.core.tree import RolloutTree, write_jsonl
+
+    for step, prompts in steps.items():
+        batch = []
+        for number, rewards in enumerate(prompts):
+            tree = RolloutTree.new(f"p{number}", f"prompt {number}")
+            for reward in rewards:
+                tree.add_turn(0, reward=reward)
+            batch.append(tree)
+        write_jsonl(batch, run / "trees" / f"step_{step:04d}.jsonl")

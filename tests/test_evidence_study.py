@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import write_reward_trees
 from repo_files import load
-
-from trace_rl.core.tree import RolloutTree, write_jsonl
 
 study = load("experiments/evidence_study.py")
 results = load("scripts/results.py")
@@ -25,14 +24,7 @@ def _run(run: Path, last: int, trees: dict[int, list[list[float]]] = STEPS) -> N
     (run / "config.yaml").write_text(f"train:\n  steps: {study.STEPS}\n")
     (run / "code.json").write_text('{"commit": "abc"}')
     (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "timing_s/step": 2.0}) + "\n" for s in range(1, last + 1)))
-    for step, prompts in trees.items():
-        batch = []
-        for number, rewards in enumerate(prompts):
-            tree = RolloutTree.new(f"p{number}", f"prompt {number}")
-            for reward in rewards:
-                tree.add_turn(0, reward=reward)
-            batch.append(tree)
-        write_jsonl(batch, run / "trees" / f"step_{step:04d}.jsonl")
+    write_reward_trees(run, trees)
 
 
 @pytest.fixture

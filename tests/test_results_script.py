@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import write_reward_trees
 from repo_files import load
 
-from trace_rl.core.tree import RolloutTree, write_jsonl
 from trace_rl.train.rundir import code_version
 
 REPO = Path(__file__).resolve().parents[1]
@@ -157,14 +157,7 @@ def _saved_trees(run: Path, steps: dict[int, list[list[float]]], planned: int = 
     (run / "trees").mkdir(parents=True)
     (run / "config.yaml").write_text(f"train:\n  steps: {planned}\n")
     (run / "metrics.jsonl").write_text("".join(json.dumps({"step": step}) + "\n" for step in range(1, max(steps) + 1)))
-    for step, prompts in steps.items():
-        batch = []
-        for number, rewards in enumerate(prompts):
-            tree = RolloutTree.new(f"p{number}", f"prompt {number}")
-            for reward in rewards:
-                tree.add_turn(0, reward=reward)
-            batch.append(tree)
-        write_jsonl(batch, run / "trees" / f"step_{step:04d}.jsonl")
+    write_reward_trees(run, steps)
 
 
 def test_trees_recomputes_where_the_budget_went_from_saved_trees_after_the_warmup(tmp_path: Path) -> None:
