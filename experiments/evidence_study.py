@@ -303,7 +303,8 @@ def finish() -> None:
     pre-registered analysis over the three folders with its plots (`study --out`), and the pause and
     resume logs beside it."""
     import results  # scripts/results.py
-    from trace_rl.train.rundir import CLOCK_FILE, read_run_file
+    from trace_rl.research.study import CLOCK_FILE
+    from trace_rl.train.rundir import read_run_file
 
     if _runner() is not None:
         sys.exit("the runner is still going: finish once every phase is done")
