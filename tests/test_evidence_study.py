@@ -4,6 +4,7 @@ machine as a run the comparison skips, and its tree figures stand in for the tre
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 import yaml
 from conftest import write_reward_trees
 from repo_files import load
+from test_study import write_run, write_study
 
 study = load("experiments/evidence_study.py")
 results = load("scripts/results.py")
@@ -156,3 +158,55 @@ def test_a_bank_run_keeps_its_trees_cut_to_the_outcomes_brace_banks(places: tupl
     for step in STEPS:
         name = f"step_{step:04d}.jsonl"
         assert int((restored / "trees" / name).stat().st_mtime) == int((run / "trees" / name).stat().st_mtime)  # the clock
+
+
+def test_finish_waits_for_every_phase_then_exports_each_with_saved_clocks_and_the_study(places: tuple[Path, Path], tmp_path: Path,
+                                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The study's last command, on two small phases: it refuses while a run is short of its steps; then
+    each phase is exported (packed, with its command), a run whose trees are gone keeps the clock saved
+    when it finished, and the pre-registered analysis over both folders reads those clocks."""
+    pytest.importorskip("matplotlib")
+    from trace_rl.train.rundir import read_run_file
+
+    work, saved = places
+
+    def configs() -> None:  # as the trainer writes each run's
+        for run in (work / "runs").glob("*/[!r]*/seed_*"):
+            (run / "config.yaml").write_text("train:\n  steps: 4\n")
+
+    one, two = write_study(work / "runs")
+    configs()
+    main = tmp_path / "main"
+    for name, value in (("MAIN", main), ("PHASES", (("one", "configs/one.yaml"), ("two", "configs/two.yaml"))), ("STEPS", 4),
+                        ("ROWS", ("grpo", "pcl", "trace_stage1", "trace")), ("CONTRASTS", ("trace:@strongest", "trace:pcl")),
+                        ("RESUMES", saved / "resumes.log"), ("MACHINES", saved / "machines.log"), ("_runner", lambda: None)):
+        monkeypatch.setattr(study, name, value)
+    (main / "configs").mkdir(parents=True)
+    for folder, seeds in ((one, "[0, 1]"), (two, "[2]")):
+        (main / "configs" / f"{folder.name}.yaml").write_text(f"methods: [grpo, pcl, trace]\nseeds: {seeds}\nrun:\n  train:\n    steps: 4\n")
+        (folder / "summary.json").write_text("{}\n")  # as `trace-rl compare` leaves a finished comparison
+    saved.mkdir()
+    study.PAUSES.write_text("stop 2027-01-15T08:00:05Z\ncont 2027-01-15T08:00:08Z\n")  # 3 s out of every run's first step
+    with pytest.raises(SystemExit, match="one is not done .*trace/seed_1"):
+        study.finish()
+    shutil.rmtree(one / "trace" / "seed_1")
+    write_run(one / "trace" / "seed_1", {4: 0.45})
+    write_run(two / "pcl" / "seed_2", {4: 0.20})
+    configs()
+    study.save(commit=False)
+    shutil.rmtree(one / "grpo" / "seed_0" / "trees")  # lost with a machine: its clock comes from its saved figures
+
+    study.finish()
+    results_dir = main / "docs" / "results"
+    for folder in ("one", "two"):
+        dest = results_dir / folder
+        assert (dest / "command.txt").read_text().startswith("# made by experiments/evidence_study.py start")
+        assert (dest / "runs.tar.xz").is_file() and not (dest / "grpo").exists() and not (dest / "plots").exists()
+        assert {"summary.json", "trees.json", "probe.json", "compare.yaml"} <= {p.name for p in dest.iterdir()}
+    clocks = json.loads(read_run_file(results_dir / "one" / "clock.json"))
+    assert clocks["grpo"]["0"]["1"] == {"step": 7.0} and clocks["grpo"]["1"]["1"] == {"step": 7.0}  # saved, and live
+    result = json.loads((results_dir / "one" / "study.json").read_text())
+    assert result["strongest_baseline"]["row"] == "grpo"  # 0.267 over seeds 0-2 against pcl's 0.233
+    assert result["contrasts"]["trace:@strongest"]["per_seed"] == pytest.approx({"0": 0.15, "1": 0.15, "2": 0.10})
+    assert result["rows"]["grpo"]["minutes"] == pytest.approx((237 + 137 + 137) / 3 / 60)  # every run's pause taken out
+    assert (results_dir / "one" / "pauses.log").read_text() == study.PAUSES.read_text()
