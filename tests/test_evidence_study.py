@@ -13,7 +13,7 @@ import pytest
 import yaml
 from conftest import write_reward_trees
 from repo_files import load
-from test_study import write_run, write_study
+from study_runs import write_run, write_study
 
 study = load("experiments/evidence_study.py")
 results = load("scripts/results.py")

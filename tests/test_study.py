@@ -5,11 +5,11 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
 from repo_files import load
+from study_runs import T0, write_run, write_study
 
 from trace_rl.report.plots import curve, load_run
 from trace_rl.research.study import (
@@ -23,9 +23,6 @@ from trace_rl.research.study import (
     study,
     study_markdown,
 )
-
-T0 = 1_800_000_000.0  # a POSIX time on a whole minute: 2027-01-15T08:00Z
-
 
 def brute_sign_p(wins: int, losses: int) -> float:
     """The two-sided sign test by enumerating every sign pattern: the share at least as uneven."""
@@ -80,26 +77,6 @@ def test_read_pauses_pairs_stops_with_conts_and_refuses_a_broken_log(tmp_path: P
             read_pauses(log)
 
 
-def write_run(run: Path, finals: dict[int, float], *, steps: int = 4, step_s: float = 10.0, eval_s: float = 100.0, tokens: int = 50) -> Path:
-    """A run folder as the trainer writes it: a line per step (an evaluation at each step in `finals`)
-    and a tree file per step whose mtime is the step's end (every step_s + eval_s after T0)."""
-    (run / "trees").mkdir(parents=True)
-    lines, end = [], T0
-    for step in range(1, steps + 1):
-        end += step_s
-        line = {"step": step, "timing_s/step": step_s, "rollout/rollouts_total": 8.0 * step, "rollout/tokens_total": float(tokens * step),
-                "tree/effective_ratio": 0.5, "tree/effective_per_candidate": 0.25, "tree/failed_budget_share": 0.3, "tree/solved_budget_share": 0.1}
-        tree = run / "trees" / f"step_{step:04d}.jsonl"
-        tree.write_text("")
-        os.utime(tree, (end, end))
-        if step in finals:
-            line |= {"timing_s/eval": eval_s, "val/accuracy_sampled": finals[step]}
-            end += eval_s
-        lines.append(line)
-    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return run
-
-
 def test_clock_takes_the_logged_pauses_out_of_the_steps_and_evaluations_they_fell_in(tmp_path: Path) -> None:
     run = write_run(tmp_path / "run", {2: 0.5}, steps=3)
     # steps end at T0+10, T0+20 (then an evaluation to T0+120), T0+130
@@ -115,24 +92,6 @@ def test_net_times_count_a_time_far_over_its_kinds_median_at_the_median() -> Non
     assert capped == 1 and times == {1: {"step": 10.0}, 2: {"step": 12.0, "eval": 50.0}, 3: {"step": 11.5}, 4: {"step": 11.0, "eval": 60.0}}
     logged = {"3": {"step": 9.0}}  # the pause was logged: its clock wins over the rule
     assert net_times(rows, logged) == ({1: {"step": 10.0}, 2: {"step": 12.0, "eval": 50.0}, 3: {"step": 9.0}, 4: {"step": 11.0, "eval": 60.0}}, 0)
-
-
-def write_study(root: Path) -> tuple[Path, Path]:
-    """Two phases: the first with a start, grpo and pcl on seeds 0-1 (trace's seed 1 unfinished), the second trace's seeds 2-3."""
-    one, two = root / "one", root / "two"
-    for seed, start in ((0, 0.10), (1, 0.20)):
-        react = one / "react" / f"seed_{seed}"
-        react.mkdir(parents=True)
-        (react / "metrics.jsonl").write_text(json.dumps({"step": 0, "val/accuracy_sampled": start}) + "\n")
-    write_run(one / "grpo" / "seed_0", {2: 0.10, 4: 0.20})
-    write_run(one / "grpo" / "seed_1", {4: 0.30})
-    write_run(one / "pcl" / "seed_0", {4: 0.25})
-    write_run(one / "pcl" / "seed_1", {4: 0.25})
-    write_run(one / "trace" / "seed_0", {4: 0.35})
-    write_run(one / "trace" / "seed_1", {2: 0.5}, steps=2)
-    write_run(two / "trace" / "seed_2", {4: 0.40})
-    write_run(two / "grpo" / "seed_2", {4: 0.30})
-    return one, two
 
 
 def test_study_joins_phases_by_row_and_seed_and_pairs_the_plans_contrasts(tmp_path: Path) -> None:
