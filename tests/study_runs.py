@@ -31,7 +31,7 @@ def write_run(run: Path, finals: dict[int, float], *, steps: int = 4, step_s: fl
 
 
 def write_study(root: Path) -> tuple[Path, Path]:
-    """Two phases: the first with a start, grpo and pcl on seeds 0-1 (trace's seed 1 unfinished), the second trace's seeds 2-3."""
+    """Two phases: the first with a start, grpo, pcl and trace on seeds 0-1 (trace's seed 1 unfinished), the second grpo's and trace's seed 2."""
     one, two = root / "one", root / "two"
     for seed, start in ((0, 0.10), (1, 0.20)):
         react = one / "react" / f"seed_{seed}"

@@ -24,6 +24,7 @@ from trace_rl.research.study import (
     study_markdown,
 )
 
+
 def brute_sign_p(wins: int, losses: int) -> float:
     """The two-sided sign test by enumerating every sign pattern: the share at least as uneven."""
     n = wins + losses
