@@ -296,6 +296,15 @@ def _saved_figures(folder: str, kind: str) -> dict:
     return out
 
 
+def _bank_note(bank: str) -> str:
+    """How to rerun (`results.py reproduce`) a run that reads the warm bank `bank`: its config names the
+    bank's runs by a path relative to where it runs, and their trees are in this repository only as
+    `save` cut them (every outcome `brace` banks, checked)."""
+    saved = SAVED.relative_to(MAIN) / bank
+    return (f"# brace's warm bank is runs/{bank}/seed_<k> (relative to where it runs), whose trees are saved in {saved}/seed_<k>.tar.xz;\n"
+            f"# to reproduce a brace run of seed k, first: mkdir -p runs/{bank}/seed_k && tar xJf {saved}/seed_k.tar.xz -C runs/{bank}/seed_k\n")
+
+
 def finish() -> None:
     """The study's results into docs/results/: each phase exported (logs packed, no plots of its own),
     where the budget went and what Stage 2 bought (`trees.json`, `probe.json`: recomputed from the live
@@ -319,7 +328,8 @@ def finish() -> None:
         (dest / "command.txt").write_text(
             f"# made by experiments/evidence_study.py start: at the plan's commit {PLAN_COMMIT[:7]} (a worktree),\n"
             f"# runs saved to experiments/evidence_study/ as they finished; resumes and pauses in ../evidence_tiny/\n"
-            f"trace-rl compare --config {config} --out runs/{folder}\n")
+            f"trace-rl compare --config {config} --out runs/{folder}\n"
+            + "".join(_bank_note(bank) for bank in BANKS if f"runs/{bank}/" in (MAIN / config).read_text()))
         results.export(live, dest, MAIN / config, pauses=PAUSES, plots=False)
         clocks = json.loads(read_run_file(dest / CLOCK_FILE))
         for row, seeds in _saved_figures(folder, "clock").items():  # runs whose trees are gone keep their saved clock

@@ -13,6 +13,8 @@ from study_runs import T0, write_run, write_study
 
 from trace_rl.report.plots import curve, load_run
 from trace_rl.research.study import (
+    PROBE_FIGURES,
+    PROBE_FILE,
     STRONGEST,
     clock,
     net_times,
@@ -114,6 +116,24 @@ def test_study_joins_phases_by_row_and_seed_and_pairs_the_plans_contrasts(tmp_pa
     assert strongest["sign_p"] == pytest.approx(0.5)
     text = study_markdown(result)
     assert "**grpo**" in text and "trace − grpo (trace:@strongest)" in text and "trace seed 1 at step 2" in text
+
+
+def test_study_joins_the_phases_probes_by_row_and_seed_and_averages_over_all_seeds(tmp_path: Path) -> None:
+    one, two = write_study(tmp_path)
+    assert "probe" not in study([one, two], steps=4)  # no folder probed: no section
+    figures = dict.fromkeys(PROBE_FIGURES, 0.0)
+    (one / PROBE_FILE).write_text(json.dumps({"warmup": 5, "rows": {"trace": {"seeds": {
+        "seed_0": figures | {"predicted_mixed": 0.6, "mixed": 0.2, "continuation_mass_share": math.nan},
+        "seed_1": figures | {"predicted_mixed": 0.5, "mixed": 0.4}}, "mean": {}}}}))
+    (two / PROBE_FILE).write_text(json.dumps({"warmup": 5, "rows": {"trace": {"seeds": {"seed_2": figures | {"predicted_mixed": 0.4, "mixed": 0.3}}}}}))
+    probe = study([one, two], steps=4)["probe"]["trace"]
+    assert probe["seeds"] == 3 and probe["predicted_mixed"] == pytest.approx(0.5) and probe["mixed"] == pytest.approx(0.3)
+    assert probe["continuation_mass_share"] == 0.0  # seed 0's NaN (nothing to share) left out, not spread
+    (two / PROBE_FILE).write_text(json.dumps({"warmup": 5, "rows": {"trace": {"seeds": {"seed_2": {"predicted_mixed": 0.4}}}}}))
+    probe = study([one, two], steps=4)["probe"]["trace"]
+    assert probe["brier"] == 0.0 and probe["predicted_mixed"] == pytest.approx(0.5)  # a figure a seed lacks: the others' mean
+    text = study_markdown(study([one, two], steps=4))
+    assert "| trace | 3 | 0.500 | 0.300 |" in text
 
 
 def test_study_refuses_a_row_and_seed_in_two_folders_and_a_malformed_contrast(tmp_path: Path) -> None:

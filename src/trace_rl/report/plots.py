@@ -502,9 +502,13 @@ def plot_contrasts(result: Mapping[str, Any], path: str | Path) -> Path | None:
         return None
     colors = method_colors(list(dict.fromkeys(row for _, _, row in entries + named)))
     rows = entries + named
+    labels = [f"{label} ({c['seeds']} seeds)" for label, c, _ in reversed(rows)]
     height = 1.1 + 0.3 * len(rows)  # inches: 0.6 under the axes, 0.5 above, 0.3 a line
     fig = Figure(figsize=(7.6, height), dpi=110)
-    fig.subplots_adjust(left=0.3, right=0.97, bottom=0.6 / height, top=1 - 0.5 / height)
+    # A contrast's label is as long as its two rows' names: the margin grows to fit the longest
+    # (0.07 inch a character at 8 points), at least 0.3 of the width.
+    left = max(0.3, min(0.6, (0.2 + 0.07 * max(map(len, labels))) / 7.6))
+    fig.subplots_adjust(left=left, right=0.97, bottom=0.6 / height, top=1 - 0.5 / height)
     ax = fig.add_subplot()
     for i, (label, c, row) in enumerate(rows):
         y = len(rows) - 1 - i
@@ -517,7 +521,7 @@ def plot_contrasts(result: Mapping[str, Any], path: str | Path) -> Path | None:
     if entries and named:
         ax.axhline(len(named) - 0.5, color="grey", linewidth=0.8)
     ax.axvline(0.0, color="black", linewidth=0.8)
-    ax.set_yticks(range(len(rows)), [f"{label} ({c['seeds']} seeds)" for label, c, _ in reversed(rows)], fontsize=8)
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
     ax.set_xlabel(f"difference in final {result['accuracy']}, paired by seed")
     ax.set_title("Paired differences: mean and 95% t interval, dots: each seed", fontsize=10)
     ax.grid(True, axis="x", alpha=0.3)

@@ -50,6 +50,12 @@ no trees (so no step end times) to redo it from."""
 UNLOGGED_PAUSE = 10.0
 """A step or evaluation over this many times its run's median of the same kind is counted at the median."""
 
+PROBE_FILE = "probe.json"
+"""What Stage 2 bought, per row and seed of one folder (`scripts/results.py probe --out`, from the saved trees)."""
+
+PROBE_FIGURES = ("predicted_mixed", "mixed", "brier", "brier_constant", "continuation_token_share", "continuation_mass_share")
+"""The probe's figures a study averages over every seed of a row (`trace_rl.research.stage2_probe.probe_run`)."""
+
 
 # ---------------------------------------------------------------- paired contrasts
 
@@ -294,8 +300,27 @@ def study(
                 continue
             b = chosen
         out["contrasts"][spec] = {"a": a, "b": b, **paired(finals.get(a, {}), finals.get(b, {}))}
+    if probed := probe_figures(folders):
+        out["probe"] = probed
     if unfinished:
         out["unfinished"] = unfinished
+    return out
+
+
+def probe_figures(folders: Sequence[str | Path]) -> dict[str, dict[str, float]]:
+    """row -> the seeds and the mean over them of each of `PROBE_FIGURES`, joined from the folders'
+    `PROBE_FILE`s by (row, seed). A phase's probe covers only its own seeds, and the question it answers
+    (do the prefixes Stage 2 picks mix at the rate it predicted, and does the update use them?) is
+    asked of all of a row's seeds, as its contrasts are. A figure no seed has (finite) is NaN."""
+    seeds: dict[str, dict[str, Mapping[str, Any]]] = {}
+    for folder in map(Path, folders):
+        if (folder / PROBE_FILE).is_file():
+            for row, figures in json.loads((folder / PROBE_FILE).read_text())["rows"].items():
+                seeds.setdefault(row, {}).update(figures["seeds"])
+    out = {}
+    for row, runs in seeds.items():
+        values = {key: [f[key] for f in runs.values() if isinstance(f.get(key), (int, float)) and math.isfinite(f[key])] for key in PROBE_FIGURES}
+        out[row] = {"seeds": len(runs), **{key: float(np.mean(v)) if v else math.nan for key, v in values.items()}}
     return out
 
 
@@ -387,6 +412,15 @@ def study_markdown(result: Mapping[str, Any]) -> str:
             name = f"{c['a']} − {c['b']}" + (f" ({spec})" if STRONGEST in spec else "")
             lines.append(f"| {name} | {c['seeds']} | {_fmt(c['mean'], '+.3f')} | [{_fmt(c['low'], '+.3f')}, {_fmt(c['high'], '+.3f')}] "
                          f"| {c['wins']}-{c['losses']}-{c['ties']} | {c['sign_p']:.3f} |")
+    if result.get("probe"):
+        lines += ["", ("What Stage 2 bought, over every seed of each row with a Stage 2 (means of each folder's `probe.json`, "
+                       "`scripts/results.py probe`): the share of the prefixes it branched from whose continuations mixed, as its "
+                       "values predicted and as observed; the Brier score of those values against a constant's; the continuation "
+                       "tokens' share of the update's tokens and of its advantage mass."),
+                  "", "| row | seeds | prefixes that mix, predicted | observed | Brier | a constant's Brier | continuation tokens | their advantage mass |",
+                  "|" + "---|" * 8]
+        for row, p in result["probe"].items():
+            lines.append(f"| {row} | {p['seeds']} | " + " | ".join(_fmt(p[key], ".3f") for key in PROBE_FIGURES) + " |")
     if result.get("unfinished"):
         cut = "; ".join(f"{row} seed {seed} at step {step}" for row, seeds in result["unfinished"].items() for seed, step in seeds.items())
         lines += ["", f"Not counted yet (unfinished): {cut}."]
