@@ -312,7 +312,7 @@ def finish() -> None:
     pre-registered analysis over the three folders with its plots (`study --out`), and the pause and
     resume logs beside it."""
     import results  # scripts/results.py
-    from trace_rl.research.study import CLOCK_FILE
+    from trace_rl.research.study import CLOCK_FILE, PROBE_FILE
     from trace_rl.train.rundir import read_run_file
 
     if _runner() is not None:
@@ -346,7 +346,7 @@ def finish() -> None:
         probe["rows"], filled = _merge(probe["rows"], _saved_figures(folder, "probe"))
         if filled:
             probe["from_saved_figures"] = filled
-        (dest / "probe.json").write_text(json.dumps(probe, indent=1) + "\n")
+        (dest / PROBE_FILE).write_text(json.dumps(probe, indent=1) + "\n")
     study = results_dir / PHASES[0][0]
     results.main(["study", *(str(results_dir / f) for f, _ in PHASES), "--steps", str(STEPS), "--reference", "grpo",
                   *(a for c in CONTRASTS for a in ("--contrast", c)), "--candidates", *ROWS[:ROWS.index("trace_stage1")],

@@ -12,8 +12,8 @@ from repo_files import load
 from study_runs import T0, write_run, write_study
 
 from trace_rl.report.plots import curve, load_run
+from trace_rl.research.stage2_probe import PROBE_COLUMNS
 from trace_rl.research.study import (
-    PROBE_FIGURES,
     PROBE_FILE,
     STRONGEST,
     clock,
@@ -121,19 +121,23 @@ def test_study_joins_phases_by_row_and_seed_and_pairs_the_plans_contrasts(tmp_pa
 def test_study_joins_the_phases_probes_by_row_and_seed_and_averages_over_all_seeds(tmp_path: Path) -> None:
     one, two = write_study(tmp_path)
     assert "probe" not in study([one, two], steps=4)  # no folder probed: no section
-    figures = dict.fromkeys(PROBE_FIGURES, 0.0)
+    figures = dict.fromkeys((key for key, _, _ in PROBE_COLUMNS), 0.0)
     (one / PROBE_FILE).write_text(json.dumps({"warmup": 5, "rows": {"trace": {"seeds": {
         "seed_0": figures | {"predicted_mixed": 0.6, "mixed": 0.2, "continuation_mass_share": math.nan},
         "seed_1": figures | {"predicted_mixed": 0.5, "mixed": 0.4}}, "mean": {}}}}))
     (two / PROBE_FILE).write_text(json.dumps({"warmup": 5, "rows": {"trace": {"seeds": {"seed_2": figures | {"predicted_mixed": 0.4, "mixed": 0.3}}}}}))
-    probe = study([one, two], steps=4)["probe"]["trace"]
-    assert probe["seeds"] == 3 and probe["predicted_mixed"] == pytest.approx(0.5) and probe["mixed"] == pytest.approx(0.3)
-    assert probe["continuation_mass_share"] == 0.0  # seed 0's NaN (nothing to share) left out, not spread
+    probe = study([one, two], steps=4)["probe"]["rows"]["trace"]
+    mean = probe["mean"]
+    assert len(probe["seeds"]) == 3 and mean["predicted_mixed"] == pytest.approx(0.5) and mean["mixed"] == pytest.approx(0.3)
+    assert mean["continuation_mass_share"] == 0.0  # seed 0's NaN (nothing to share) left out, not spread
     (two / PROBE_FILE).write_text(json.dumps({"warmup": 5, "rows": {"trace": {"seeds": {"seed_2": {"predicted_mixed": 0.4}}}}}))
-    probe = study([one, two], steps=4)["probe"]["trace"]
-    assert probe["brier"] == 0.0 and probe["predicted_mixed"] == pytest.approx(0.5)  # a figure a seed lacks: the others' mean
+    mean = study([one, two], steps=4)["probe"]["rows"]["trace"]["mean"]
+    assert mean["brier"] == 0.0 and mean["predicted_mixed"] == pytest.approx(0.5)  # a figure a seed lacks: the others' mean
     text = study_markdown(study([one, two], steps=4))
-    assert "| trace | 3 | 0.500 | 0.300 |" in text
+    assert "| trace | 3 | 0 | 0.500 | 0.300 |" in text  # the probe's own table (prefixes, predicted, mixed, ...)
+    (two / PROBE_FILE).write_text(json.dumps({"warmup": 3, "rows": {"trace": {"seeds": {"seed_2": figures}}}}))
+    with pytest.raises(ValueError, match="warmup 3"):
+        study([one, two], steps=4)
 
 
 def test_study_refuses_a_row_and_seed_in_two_folders_and_a_malformed_contrast(tmp_path: Path) -> None:

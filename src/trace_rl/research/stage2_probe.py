@@ -155,11 +155,12 @@ def probe_run(run_dir: str | Path, *, warmup: int = 5) -> dict[str, Any]:
     return {
         "run": str(run_dir), "steps": steps, "estimator": estimator, "valued_by": valued,
         **calibration(records),
-        **{key: _finite_mean(values) for key, values in mass.items() if values},
+        **{key: finite_mean(values) for key, values in mass.items() if values},
     }
 
 
-def _finite_mean(values: Sequence[float]) -> float:
+def finite_mean(values: Sequence[float]) -> float:
+    """The mean of the values that are not NaN (a run with no continuation has no share to give); NaN if none is."""
     finite = [v for v in values if not math.isnan(v)]
     return float(np.mean(finite)) if finite else math.nan
 

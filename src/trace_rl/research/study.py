@@ -31,6 +31,7 @@ import yaml
 
 from trace_rl.report.plots import RunMetrics, load_run
 from trace_rl.research.compare import t975
+from trace_rl.research.stage2_probe import PROBE_COLUMNS, finite_mean, probe_markdown
 from trace_rl.train.rundir import (
     START,
     RunDir,
@@ -52,9 +53,6 @@ UNLOGGED_PAUSE = 10.0
 
 PROBE_FILE = "probe.json"
 """What Stage 2 bought, per row and seed of one folder (`scripts/results.py probe --out`, from the saved trees)."""
-
-PROBE_FIGURES = ("predicted_mixed", "mixed", "brier", "brier_constant", "continuation_token_share", "continuation_mass_share")
-"""The probe's figures a study averages over every seed of a row (`trace_rl.research.stage2_probe.probe_run`)."""
 
 
 # ---------------------------------------------------------------- paired contrasts
@@ -307,21 +305,32 @@ def study(
     return out
 
 
-def probe_figures(folders: Sequence[str | Path]) -> dict[str, dict[str, float]]:
-    """row -> the seeds and the mean over them of each of `PROBE_FIGURES`, joined from the folders'
-    `PROBE_FILE`s by (row, seed). A phase's probe covers only its own seeds, and the question it answers
-    (do the prefixes Stage 2 picks mix at the rate it predicted, and does the update use them?) is
-    asked of all of a row's seeds, as its contrasts are. A figure no seed has (finite) is NaN."""
-    seeds: dict[str, dict[str, Mapping[str, Any]]] = {}
+def probe_figures(folders: Sequence[str | Path]) -> dict[str, Any] | None:
+    """The folders' `PROBE_FILE`s joined by (row, seed), in the form `scripts/results.py probe` writes
+    (`stage2_probe.probe_markdown` renders it), each row's "mean" over all its seeds: a phase's probe
+    covers only its own seeds, and the question it answers (do the prefixes Stage 2 picks mix at the rate
+    it predicted, and does the update use them?) is asked of all of a row's seeds, as its contrasts
+    are. A figure a seed lacks or has as NaN is left out of its mean. None where no folder was probed."""
+    joined: dict[str, Any] = {"warmup": None, "rows": {}}
+    saved: list[str] = []
     for folder in map(Path, folders):
-        if (folder / PROBE_FILE).is_file():
-            for row, figures in json.loads((folder / PROBE_FILE).read_text())["rows"].items():
-                seeds.setdefault(row, {}).update(figures["seeds"])
-    out = {}
-    for row, runs in seeds.items():
-        values = {key: [f[key] for f in runs.values() if isinstance(f.get(key), (int, float)) and math.isfinite(f[key])] for key in PROBE_FIGURES}
-        out[row] = {"seeds": len(runs), **{key: float(np.mean(v)) if v else math.nan for key, v in values.items()}}
-    return out
+        if not (folder / PROBE_FILE).is_file():
+            continue
+        probe = json.loads((folder / PROBE_FILE).read_text())
+        if joined["warmup"] not in (None, probe["warmup"]):
+            raise ValueError(f"{folder / PROBE_FILE}: warmup {probe['warmup']}, another folder's {joined['warmup']}: the means would mix two windows")
+        joined["warmup"] = probe["warmup"]
+        saved += probe.get("from_saved_figures", [])
+        for row, figures in probe["rows"].items():
+            joined["rows"].setdefault(row, {"seeds": {}})["seeds"].update(figures["seeds"])
+    if not joined["rows"]:
+        return None
+    for figures in joined["rows"].values():
+        seeds = figures["seeds"].values()
+        figures["mean"] = {key: finite_mean([s[key] for s in seeds if isinstance(s.get(key), (int, float))]) for key, _, _ in PROBE_COLUMNS}
+    if saved:
+        joined["from_saved_figures"] = saved
+    return joined
 
 
 def _final(rows: Mapping[int, Mapping[str, float]], key: str) -> float:
@@ -413,14 +422,8 @@ def study_markdown(result: Mapping[str, Any]) -> str:
             lines.append(f"| {name} | {c['seeds']} | {_fmt(c['mean'], '+.3f')} | [{_fmt(c['low'], '+.3f')}, {_fmt(c['high'], '+.3f')}] "
                          f"| {c['wins']}-{c['losses']}-{c['ties']} | {c['sign_p']:.3f} |")
     if result.get("probe"):
-        lines += ["", ("What Stage 2 bought, over every seed of each row with a Stage 2 (means of each folder's `probe.json`, "
-                       "`scripts/results.py probe`): the share of the prefixes it branched from whose continuations mixed, as its "
-                       "values predicted and as observed; the Brier score of those values against a constant's; the continuation "
-                       "tokens' share of the update's tokens and of its advantage mass."),
-                  "", "| row | seeds | prefixes that mix, predicted | observed | Brier | a constant's Brier | continuation tokens | their advantage mass |",
-                  "|" + "---|" * 8]
-        for row, p in result["probe"].items():
-            lines.append(f"| {row} | {p['seeds']} | " + " | ".join(_fmt(p[key], ".3f") for key in PROBE_FIGURES) + " |")
+        lines += ["", ("What Stage 2 bought, over every seed of each row with a Stage 2 (each folder's `probe.json`, "
+                       "`scripts/results.py probe`, joined by row and seed):"), "", probe_markdown(result["probe"]).rstrip("\n")]
     if result.get("unfinished"):
         cut = "; ".join(f"{row} seed {seed} at step {step}" for row, seeds in result["unfinished"].items() for seed, step in seeds.items())
         lines += ["", f"Not counted yet (unfinished): {cut}."]
