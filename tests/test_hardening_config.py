@@ -60,6 +60,7 @@ OUT_OF_RANGE: dict[str, list[str]] = {
     "task.demo_tasks": ["0", "-1"],
     "task.test_tasks": ["0", "-1"],
     "task.max_turns": ["0"],
+    "task.few_shot": ["-1", "9", "2.5"],
     "task.topk": ["0", "-1"],
     "task.max_observation_chars": ["0"],
     "task.search_url": ["localhost:8000", "ftp://host"],

@@ -95,6 +95,16 @@ def test_multihop_difficulty_spreads(mh_train: TaskSet) -> None:
     assert any(t.meta["relations"] == ["founded_by", "born_in", "in_country"] for t in tasks)
 
 
+def test_multihop_max_hops_keeps_the_short_questions_balanced(mh_train: TaskSet) -> None:
+    short = load_taskset("multihop", num_tasks=200, max_hops=2, num_questions=400)
+    hops = collections.Counter(t.meta["hops"] for t in short.tasks)
+    assert set(hops) == {1, 2} and abs(hops[1] - hops[2]) <= 0.2 * len(short.tasks)
+    assert all(t.meta["hops"] <= 2 for t in load_taskset("multihop", split="test", max_hops=2, num_questions=400).tasks)
+    assert [t.question for t in load_taskset("multihop", num_tasks=40, max_hops=4).tasks] == [t.question for t in mh_train.tasks[:40]]
+    with pytest.raises(ValueError, match="max_hops"):
+        load_taskset("multihop", max_hops=5)
+
+
 def test_multihop_meta_records_the_chain(mh_train: TaskSet, world: multihop.World) -> None:
     for task in mh_train.tasks:
         chain, relations = task.meta["chain"], task.meta["relations"]

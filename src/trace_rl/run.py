@@ -19,7 +19,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from trace_rl.agent.agents import worked_examples
 from trace_rl.agent.env import ENV_METHODS, Env, ToolEnv, protocol_gaps
+from trace_rl.agent.protocol import WorkedExample
 from trace_rl.agent.scoring import score
 from trace_rl.agent.tasks import (
     TASKSETS,
@@ -104,10 +106,27 @@ class RunConfig:
         check_task_options(self.task)
         check_task_env(self.task)
         check_model(self.model)
+        apply_profile(self)
 
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 """A Hugging Face hub id (`org/name` or `name`)."""
+
+
+def apply_profile(config: RunConfig) -> None:
+    """Fill what the config leaves to the model (`task.format: auto`, `rollout.temperature: null`) from
+    its prompt profile (`trace_rl.models.profiles`), so the saved config.yaml says what the run used.
+    `task.few_shot: null` is settled by `build_env`, which sees whether the task set can play examples."""
+    from trace_rl.models.profiles import profile_for
+
+    profile = profile_for(config.model.name)
+    task = config.task
+    if task.format == "auto":
+        task.format = profile.format  # type: ignore[assignment]
+    if task.few_shot and task.env is not None:
+        raise FieldError("task.few_shot", task.few_shot, f"0 with task.env={task.env!r} (worked examples are the bundled ToolEnv's turns)")
+    if config.rollout.temperature is None:
+        config.rollout.temperature = profile.temperature
 
 
 def check_stage1_cap(config: RunConfig) -> None:
@@ -325,7 +344,7 @@ def build_env(config: RunConfig, taskset: TaskSet) -> Env:
             raise ConfigError(f"task.env={task.env!r} returned a {type(env).__name__} without {', '.join(gaps)}: an env "
                               f"of your own needs every method of trace_rl.Env ({', '.join(ENV_METHODS)}) and max_turns")
         return env
-    return ToolEnv.for_taskset(
+    env = ToolEnv.for_taskset(
         taskset,
         turn_format=task.format,
         scorer=score,
@@ -335,6 +354,42 @@ def build_env(config: RunConfig, taskset: TaskSet) -> Env:
         topk=task.topk,
         sandbox=task.sandbox,
     )
+    env.examples = tuple(few_shot_examples(config, env))
+    return env
+
+
+def without_examples(train: TaskSet, env: Env) -> TaskSet:
+    """`train` without the tasks `env` shows as worked examples: a solved question is not one to learn."""
+    shown = {example.task.task_id for example in getattr(env, "examples", ())}
+    return replace(train, tasks=[t for t in train.tasks if t.task_id not in shown]) if shown else train
+
+
+def few_shot_examples(config: RunConfig, env: ToolEnv) -> list[WorkedExample]:
+    """The worked examples shown before each question, played by the task set's oracle (or its recorded
+    demonstrations) on tasks of the RL train split, the same in every process that builds the env
+    (`build_parts` takes those tasks out of RL's pool). How many: `task.few_shot`, or where it is null
+    the model profile's count for a run without a warm start. A count the config sets that the task
+    set cannot play is a ConfigError; the profile's is dropped with a warning naming the way to give one."""
+    from trace_rl.models.profiles import profile_for
+
+    task = config.task
+    chosen = task.few_shot is not None
+    count = task.few_shot if chosen else profile_for(config.model.name).few_shot if not config.model.warm_start else 0
+    if not count:
+        return []
+    train = task_splits(config)[1]
+    how = ("give your task_set demonstrations=[{'question': ..., 'calls': [...]}] for a task or two (or an oracle), "
+           "or set task.few_shot=0")
+    try:
+        if train.oracle is None:
+            raise ValueError(f"task.name={task.name!r} has no oracle or demonstrations to play them")
+        return worked_examples(env, train.tasks, train.oracle, count)
+    except ValueError as exc:
+        if chosen:
+            raise ConfigError(f"task.few_shot={count} needs worked examples: {exc}; {how}") from exc
+        warnings.warn(f"{config.model.name} is prompted with {count} worked examples by its profile when it has no warm start, "
+                      f"and none could be made ({exc}): without them it may write few valid actions; {how}", stacklevel=2)
+        return []
 
 
 def build_predictor(config: RunConfig, train: TaskSet | None = None, *, own: Path | None = None) -> SuccessPredictor:
@@ -455,6 +510,7 @@ def build_parts(
     demos, train = task_splits(config)
     test = load_tasks(config.task, "test", config.task.test_tasks)
     env = build_env(config, train)
+    train = without_examples(train, env)
     train = brace_pool(config, train)
     model = config.model
     name = source if source is not None else policy_source(config, demos, env, progress=progress)

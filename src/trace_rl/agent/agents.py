@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from trace_rl.agent.env import StepInfo, StepResult, ToolEnv
-from trace_rl.agent.protocol import ANSWER, ToolSpec, TurnFormat
+from trace_rl.agent.protocol import ANSWER, ToolSpec, TurnFormat, WorkedExample
 from trace_rl.agent.types import OraclePolicy, Passage, Task, ToolCall
 
 
@@ -80,6 +80,32 @@ def run_episode(env: ToolEnv, task: Task, agent: Agent, *, seed: int = 0) -> Epi
         if result.done:
             break
     return Episode(task=task, prompt=prompt, actions=actions, steps=steps, seed=seed, context=env.context)
+
+
+def worked_examples(env: ToolEnv, tasks: Sequence[Task], oracle: OraclePolicy, count: int, *, candidates: int = 32) -> list[WorkedExample]:
+    """`count` solved episodes to show before each question (`task.few_shot`): the oracle plays the first
+    `candidates` tasks in `env` (without examples of its own; further tasks while fewer than `count` are
+    solved, so a few recorded demonstrations anywhere in the split serve), and the shortest episodes that
+    earn the full reward are kept, in task order. Short ones cost the fewest prompt tokens, and SmolLM2
+    copied the format from a 1-hop episode as well as from a 3-hop one. ValueError when fewer than
+    `count` succeed."""
+    plain = env.spawn()
+    plain.examples = ()
+    solved = []
+    for index, task in enumerate(tasks):
+        if index >= candidates and len(solved) >= count:
+            break
+        try:
+            episode = run_episode(plain, task, OracleAgent(oracle, plain.format))
+        except ValueError:  # the oracle wrote a turn the format cannot carry: not an example
+            continue
+        if episode.terminated and episode.reward >= 1.0:
+            text = "".join(action + step.observation for action, step in zip(episode.actions, episode.steps))
+            solved.append((len(text), index, WorkedExample(task, text)))
+    if len(solved) < count:
+        raise ValueError(f"the oracle (or the demonstrations) solved {len(solved)} of the {len(tasks)} train tasks, "
+                         f"{count} worked example(s) needed")
+    return [example for _, _, example in sorted(sorted(solved)[:count], key=lambda item: item[1])]
 
 
 class OracleAgent:

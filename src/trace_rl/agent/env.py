@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from trace_rl.agent.protocol import ANSWER, TurnFormat, get_format
+from trace_rl.agent.protocol import ANSWER, TurnFormat, WorkedExample, get_format
 from trace_rl.agent.tools import Tool, ToolErrorKind, ToolSpec, build_tools, run_tool
 from trace_rl.agent.types import Task, TaskSet, ToolCall
 from trace_rl.infra.config import SandboxConfig
@@ -156,6 +156,7 @@ class ToolEnv:
         scorer: Scorer | None = None,
         max_turns: int = 8,
         max_observation_chars: int = 4000,
+        examples: Sequence[WorkedExample] = (),
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -166,6 +167,8 @@ class ToolEnv:
         self.scorer = scorer if scorer is not None else default_scorer
         self.max_turns = max_turns
         self.max_observation_chars = max_observation_chars
+        self.examples = tuple(examples)
+        """Worked examples shown before every question (`task.few_shot`; `agents.worked_examples` makes them)."""
         self._state: EnvSnapshot | None = None
         self._specs: list[ToolSpec] = []
         self._done = True
@@ -201,11 +204,11 @@ class ToolEnv:
         return [self.tools[name].spec for name in task.tools]
 
     def prompt(self, task: Task) -> str:
-        return self.format.render_prompt(task, self.tool_specs(task))
+        return self.format.render_prompt(task, self.tool_specs(task), self.examples)
 
     def messages(self, task: Task) -> list[dict[str, str]]:
-        """The prompt as chat messages (system + user), for chat templates."""
-        return self.format.messages(task, self.tool_specs(task))
+        """The prompt as chat messages (system, the worked examples' exchanges, user), for chat templates."""
+        return self.format.messages(task, self.tool_specs(task), self.examples)
 
     def stop_strings(self, task: Task | None = None) -> tuple[str, ...]:
         """Stop strings of `task`'s tools, or (None) of every tool of this env."""
@@ -223,7 +226,7 @@ class ToolEnv:
     def reset(self, task: Task, *, seed: int | None = None) -> str:
         """Start `task`. `seed` is accepted for the `Env` protocol; this env has no randomness of its own."""
         self._specs = self.tool_specs(task)
-        prompt = self.format.render_prompt(task, self._specs)
+        prompt = self.format.render_prompt(task, self._specs, self.examples)
         self._state = EnvSnapshot(task=task, prompt=prompt, steps=(), context=prompt)
         self._done = False
         return prompt

@@ -85,6 +85,15 @@ ANSWER_SPEC = ToolSpec(
 
 
 @dataclass(frozen=True)
+class WorkedExample:
+    """A solved episode shown before the question (`task.few_shot`): its task, and every turn with its
+    observation exactly as the model would write and read them."""
+
+    task: Task
+    episode: str
+
+
+@dataclass(frozen=True)
 class ParsedTurn:
     """One generated turn, split into thought and action. Exactly one of `call` and `error` is set."""
 
@@ -204,16 +213,20 @@ class TurnFormat:
     def user_prompt(self, task: Task) -> str:
         return f"Question: {task.question}"
 
-    def messages(self, task: Task, tools: Sequence[ToolSpec]) -> list[dict[str, str]]:
-        """Chat messages for a chat template: the system text (tools and format), then the question."""
-        return [
-            {"role": "system", "content": self.system_prompt(tools)},
-            {"role": "user", "content": self.user_prompt(task)},
+    def messages(self, task: Task, tools: Sequence[ToolSpec], examples: Sequence[WorkedExample] = ()) -> list[dict[str, str]]:
+        """Chat messages for a chat template: the system text (tools and format), each worked example as a
+        question and the assistant's whole episode, then the question."""
+        shown = [
+            message
+            for example in examples
+            for message in ({"role": "user", "content": self.user_prompt(example.task)}, {"role": "assistant", "content": example.episode})
         ]
+        return [{"role": "system", "content": self.system_prompt(tools)}, *shown, {"role": "user", "content": self.user_prompt(task)}]
 
-    def render_prompt(self, task: Task, tools: Sequence[ToolSpec]) -> str:
+    def render_prompt(self, task: Task, tools: Sequence[ToolSpec], examples: Sequence[WorkedExample] = ()) -> str:
         """The prompt as plain text, for models without a chat template."""
-        return f"{self.system_prompt(tools)}\n\n{self.user_prompt(task)}\n"
+        shown = "".join(f"{self.user_prompt(example.task)}\n{example.episode}\n\n" for example in examples)
+        return f"{self.system_prompt(tools)}\n\n{shown}{self.user_prompt(task)}\n"
 
     def stop_strings(self, tools: Sequence[ToolSpec]) -> tuple[str, ...]:
         """Strings at which generation should stop: the end of each action. Keep them in the output."""

@@ -652,9 +652,16 @@ class TaskConfig:
     None: the warm start demonstrates on the RL train split itself."""
     test_tasks: int | None = 128
     """Held-out tasks for evaluation (None: all)."""
-    format: Literal["tag", "json"] = "tag"
+    format: Literal["auto", "tag", "json"] = "auto"
     """ReAct turn format (`trace_rl.agent.protocol`): `tag`, Search-R1 style tags such as `<search>…</search>`;
-    `json`, Qwen / Hermes style `<tool_call>` JSON."""
+    `json`, Qwen / Hermes style `<tool_call>` JSON; `auto`, the model's (`trace_rl.models.profiles`: json for
+    the Qwen families, tag for the rest)."""
+    few_shot: int | None = None
+    """Worked examples shown before each question, as earlier turns of the chat: whole episodes of other
+    train tasks, played by the task set's oracle or demonstrations (those tasks then leave RL's pool).
+    They teach a pretrained model the turn format without a warm start. None: the model's profile
+    when `model.warm_start` is false (2 for `smollm2-135m`), else 0; the profile's count is dropped, with
+    a warning, for a task set with neither oracle nor demonstrations."""
     max_turns: int = 5
     """Turns an episode may take; one that has not answered by then ends with reward 0."""
     topk: int = 2
@@ -692,6 +699,7 @@ class TaskConfig:
                 raise FieldError("options", self.options, f"a mapping with option names for keys, not {_show(key)}")
         for name in ("train_tasks", "demo_tasks", "test_tasks"):
             check_range(self, name, ge=1, nullable=True)
+        check_range(self, "few_shot", ge=0, le=8, nullable=True, why="null: the model's profile")
         check_range(self, "max_turns", ge=1)
         check_range(self, "topk", ge=1)
         check_range(self, "max_observation_chars", ge=1)

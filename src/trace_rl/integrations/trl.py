@@ -166,8 +166,8 @@ def check_grpo_config(args: GRPOConfig, rollout: TraceRollout) -> None:
         raise FieldError("rollout.budget_unit", config.budget_unit, "leaves (TRL's groups hold num_generations rows each)")
     if args.num_generations != config.budget:
         raise FieldError("GRPOConfig.num_generations", args.num_generations, f"rollout.budget={config.budget} (each prompt's tree holds exactly that many leaves)")
-    if args.temperature != config.temperature:
-        raise FieldError("GRPOConfig.temperature", args.temperature, f"rollout.temperature={config.temperature} (TRL scores the tokens at its temperature, the engine sampled at the rollout's)")
+    if args.temperature != config.sampling_temperature:
+        raise FieldError("GRPOConfig.temperature", args.temperature, f"rollout.temperature={config.sampling_temperature} (TRL scores the tokens at its temperature, the engine sampled at the rollout's)")
     if args.loss_type != "dapo":
         raise FieldError("GRPOConfig.loss_type", args.loss_type, "'dapo' (a token sum over the trained tokens: each node's tokens count once; the other losses normalise per row)")
     if args.importance_sampling_level != "token":
@@ -199,7 +199,7 @@ def grpo_config(config: RunConfig, *, output_dir: str, **extra: Any) -> GRPOConf
         "epsilon_high": train.clip_high,
         "beta": train.kl_coef,
         "loss_type": "dapo",
-        "temperature": rollout.temperature,
+        "temperature": rollout.sampling_temperature,
         "top_p": rollout.top_p,
         "bf16": train.precision == "bf16" or (train.precision == "auto" and on_gpu),
         CHECKPOINTING: False,  # trace-rl recomputes nothing; TRL turns it on by default

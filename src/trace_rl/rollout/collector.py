@@ -74,8 +74,9 @@ class RolloutConfig(AllocationSettings):
     """Tokens per turn."""
     max_context_tokens: int = 2048
     """A rollout whose context would grow past this ends (reward 0) instead of overflowing the model."""
-    temperature: float = 1.0
-    """Sampling temperature of the rollouts and of the sampled held-out evaluation (0: greedy)."""
+    temperature: float | None = None
+    """Sampling temperature of the rollouts and of the sampled held-out evaluation (0: greedy). None: the
+    model's profile (`trace_rl.models.profiles`: 0.7 for `smollm2-135m`, else 1)."""
     top_p: float = 1.0
     """Nucleus sampling: each token is drawn from the smallest set of tokens holding this much probability (1: all)."""
     env_workers: int = 4
@@ -108,7 +109,7 @@ class RolloutConfig(AllocationSettings):
         check_range(self, "max_new_tokens", ge=1)
         check_range(self, "max_context_tokens", gt=self.max_new_tokens,
                     why="room for a prompt and a full turn of max_new_tokens; the prompts are measured once the tokenizer is loaded")
-        check_range(self, "temperature", ge=0, why="0: greedy")
+        check_range(self, "temperature", ge=0, nullable=True, why="0: greedy; null: the model's profile")
         check_range(self, "top_p", gt=0, le=1)
         check_range(self, "env_workers", ge=1)
         if self.stage2_expected and not self.stage2_evidence:
@@ -126,6 +127,12 @@ class RolloutConfig(AllocationSettings):
             raise FieldError("workers", self.workers, "1 when rollout.backend is local (workers are Ray actors: set rollout.backend=ray)")
         if self.backend == "ray" and importlib.util.find_spec("ray") is None:
             raise FieldError("backend", self.backend, "local unless the ray package is installed (pip install 'trace-rl[ray]')")
+
+    @property
+    def sampling_temperature(self) -> float:
+        """`temperature`, or 1 where it is still None (a config built in code, not through `RunConfig`,
+        which fills it from the model's profile)."""
+        return 1.0 if self.temperature is None else self.temperature
 
     @property
     def spec(self) -> MethodSpec:
@@ -418,7 +425,7 @@ class RolloutRunner:
         cfg = self.config
         params = SamplingParams(
             n=n,
-            temperature=cfg.temperature if temperature is None else temperature,
+            temperature=cfg.sampling_temperature if temperature is None else temperature,
             top_p=cfg.top_p,
             max_new_tokens=cfg.max_new_tokens,
             stop=self._stop,

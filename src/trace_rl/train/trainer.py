@@ -357,7 +357,7 @@ class Trainer:
         cfg = self.cfg
         if not sequences:  # no trained token (e.g. every group agreed): nothing to learn from
             return {"actor/pg_loss": 0.0, "actor/clipfrac": 0.0, "actor/kl": 0.0, "actor/grad_norm": 0.0, "actor/sequences": 0.0, "actor/tokens_forward": 0.0}
-        temperature = self.setup.collector.config.temperature
+        temperature = self.setup.collector.config.sampling_temperature
         max_len = self.setup.collector.config.max_context_tokens
         device = next(self.model.parameters()).device
         torch_rng = torch.Generator().manual_seed(int(self.rng.integers(2**31 - 1)))

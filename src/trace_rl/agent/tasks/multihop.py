@@ -8,7 +8,7 @@ entity: "In which country is the city where the founder of Karlsson Ltd was born
 founded_by -> born_in -> in_country, three hops, answered by searching each entity in turn.
 
 Difficulty spreads along several axes, all recorded in `Task.meta`:
-  - `hops` 1-4 (balanced);
+  - `hops` 1-4 (balanced; `max_hops` keeps the shorter ones);
   - `distractors`: how many entities the agent must look up have a confusable twin ("Karlsson Ltd" /
     "Karlsen Ltd", "Dornburg" / "New Dornburg"), whose passage may say "not to be confused with ...";
   - `split_passages`: how many of those entities spread their facts over two passages;
@@ -504,8 +504,9 @@ def _in_test(question: str, test_fraction: float) -> bool:
     return int.from_bytes(digest[:8], "big") / 2**64 < test_fraction
 
 
-def generate_questions(world: World, num_questions: int, seed: int) -> list[Task]:
-    """`num_questions` distinct questions, hops cycling 1, 2, 3, 4, in a seeded random order."""
+def generate_questions(world: World, num_questions: int, seed: int, max_hops: int = 4) -> list[Task]:
+    """`num_questions` distinct questions, hops cycling 1, 2, ..., `max_hops`, in a seeded random order
+    (with the default 4, the same questions as before `max_hops` existed)."""
     rng = random.Random(f"multihop-questions-{seed}")
     seen: set[str] = set()
     tasks: list[Task] = []
@@ -515,7 +516,7 @@ def generate_questions(world: World, num_questions: int, seed: int) -> list[Task
         if attempts > 200 * num_questions:
             raise ValueError(f"multihop: could only make {len(tasks)} distinct questions of {num_questions}; "
                              "make the world bigger or ask for fewer")
-        hops = len(tasks) % 4 + 1
+        hops = len(tasks) % max_hops + 1
         walk = _chain(world, hops, rng)
         if walk is None:
             continue
@@ -629,6 +630,7 @@ def load(
     seed: int = 0,
     num_questions: int = 2000,
     test_fraction: float = 0.2,
+    max_hops: int = 4,
     **world_options: float,
 ) -> TaskSet:
     """The `multihop` task set: `split` ('train' or 'test') of a `num_questions` pool over one world.
@@ -636,18 +638,24 @@ def load(
     `world_options` are `WorldConfig` fields (people=, companies=, cities=, countries=, universities=,
     rivers=, twin_fraction=, split_fraction=). `num_tasks` takes the first tasks of the split (the pool
     is in seeded random order with hops balanced); asking for more than the split holds raises.
+    `max_hops` (1-4) keeps questions of at most that many hops, balanced: 2 for a pretrained model
+    the size of SmolLM2-135M, which after its warm start solved 34% of 1-hop questions, 3% of 2-hop
+    ones and none longer (docs/results/smollm2_paper). The default world holds about 2,000 distinct
+    questions of 1-2 hops, so ask for fewer (`num_questions: 1600`).
     """
     if split not in ("train", "test"):
         raise ValueError(f"multihop split must be 'train' or 'test', got {split!r}")
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"multihop test_fraction must be in (0, 1), got {test_fraction!r}")
+    if max_hops not in (1, 2, 3, 4):
+        raise ValueError(f"multihop max_hops must be 1, 2, 3 or 4, got {max_hops!r}")
     unknown = set(world_options) - set(WorldConfig.__dataclass_fields__)
     if unknown:
-        raise TypeError(f"multihop: unknown options {sorted(unknown)}; known: num_questions, test_fraction, "
+        raise TypeError(f"multihop: unknown options {sorted(unknown)}; known: num_questions, test_fraction, max_hops, "
                         f"{', '.join(WorldConfig.__dataclass_fields__)}")
     config = WorldConfig(**world_options)  # type: ignore[arg-type]
     world = build_world(seed, config)
-    pool = generate_questions(world, num_questions, seed)
+    pool = generate_questions(world, num_questions, seed, max_hops)
     tasks = [t for t in pool if _in_test(t.question, test_fraction) == (split == "test")]
     if num_tasks is not None:
         if num_tasks > len(tasks):

@@ -18,7 +18,7 @@ from typing import Any
 from trace_rl.agent.types import Task
 from trace_rl.infra.config import ConfigError
 from trace_rl.integrations.verl.manager import TASK_KEY
-from trace_rl.run import RunConfig, build_env, load_tasks, task_splits
+from trace_rl.run import RunConfig, build_env, load_tasks, task_splits, without_examples
 
 
 def task_rows(config: RunConfig) -> dict[str, list[dict[str, Any]]]:
@@ -29,6 +29,7 @@ def task_rows(config: RunConfig) -> dict[str, list[dict[str, Any]]]:
     test = load_tasks(config.task, "test", config.task.test_tasks)
     check_disjoint(train.tasks, test.tasks)
     env = build_env(config, train)
+    train = without_examples(train, env)
     splits = {}
     for name, taskset in (("train", train), ("test", test)):
         splits[name] = [
