@@ -219,3 +219,46 @@ def test_an_update_recomputes_the_behaviour_logprobs_of_a_bf16_engine(tmp_path, 
         else:
             assert metrics["actor/ratio_mean"] == pytest.approx(math.exp(0.05), abs=1e-4)
     assert gaps == {"bf16": pytest.approx(0.05, abs=1e-5), "fp32": None}
+
+
+@pytest.mark.parametrize(("mini_batches", "epochs"), [(1, 1), (2, 1), (3, 2)])
+def test_the_first_mini_batch_takes_its_behaviour_logprobs_from_its_own_forward(tmp_path, mini_batches, epochs):
+    """With a bf16 engine the update recomputes the behaviour log-probs, but not of the first optimiser
+    step's mini-batch, whose own forward gives them. Every optimiser step's gradient equals that of the
+    same update from exactly on-policy log-probs with nothing recomputed, over mini-batches and epochs
+    (a tiny learning rate keeps Adam's sign-like steps on near-zero gradients from amplifying float noise)."""
+    trees = []
+    for index in range(4):
+        tree = RolloutTree.new(f"t{index}", "q", prompt_token_ids=[1, 2 + index])
+        p = tree.add_turn(0, token_ids=[10 + index, 11, 12], mask=[1, 1, 0])
+        tree.add_turn(p, token_ids=[20 + index], mask=[1], reward=1.0)
+        tree.add_turn(p, token_ids=[30], mask=[1], reward=0.0)
+        trees.append(tree)
+    model = small_llama()
+    on_policy(model, trees, temperature=0.7)
+    advantages = get_estimator("trace")(trees)
+
+    def run(trainer):
+        grads = []
+        step = trainer.optimizer.step
+        trainer.optimizer.step = lambda: grads.append([p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]) or step()
+        return trainer._update_policy(tree_sequences(trees, advantages)), grads
+
+    options = dict(update="packed", mini_batches=mini_batches, epochs=epochs, micro_batch_size=1, lr=1e-8)
+    exact_metrics, exact_grads = run(update_trainer(copy.deepcopy(model), tmp_path / "exact", **options))
+    for tree in trees:  # what a bf16 engine records: off by rounding
+        for node in tree.nodes[1:]:
+            node.logprobs = [v - 0.05 if m else 0.0 for v, m in zip(node.logprobs, node.mask)]
+    shortcut = update_trainer(copy.deepcopy(model), tmp_path / "bf16", **options)
+    shortcut.setup.engine.precision = "bf16"
+    recomputed = []
+    original = shortcut._recompute_old_logprobs
+    shortcut._recompute_old_logprobs = lambda units, *rest: recomputed.append(len(units)) or original(units, *rest)
+    metrics, grads = run(shortcut)
+    assert recomputed == [4 - len(np.array_split(range(4), mini_batches)[0])]  # every tree but the first mini-batch's
+    assert metrics["actor/rollout_logprob_gap"] == pytest.approx(0.05, abs=1e-5)  # over every trained token
+    assert metrics["actor/ratio_mean"] == pytest.approx(exact_metrics["actor/ratio_mean"], abs=1e-6)
+    assert len(grads) == len(exact_grads) == mini_batches * epochs
+    for mine, theirs in zip(grads, exact_grads):
+        for a, b in zip(mine, theirs):
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), float((a - b).abs().max())

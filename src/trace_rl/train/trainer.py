@@ -176,6 +176,13 @@ def held_out_accuracy(
     }
 
 
+def _record_gap(gap: list[float], new: torch.Tensor, engine: torch.Tensor, weights: torch.Tensor) -> None:
+    """Add |engine - new| over the trained tokens, and their count, to `gap` ([sum, count])."""
+    trained = weights > 0
+    gap[0] += float(((new - engine).abs() * trained).sum())
+    gap[1] += float(trained.sum())
+
+
 @dataclass
 class TrainingSetup:
     """What a `Trainer` trains and with what (`trace_rl.run.build_trainer` assembles it from a run config)."""
@@ -384,16 +391,25 @@ class Trainer:
                                              temperature=temperature, attention_dtype=attention_dtype)
             return token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=temperature)
 
-        recomputed = {}
+        orders = [torch.randperm(len(units), generator=torch_rng).numpy() for _ in range(cfg.epochs)]
+        chunks = [np.array_split(order, min(cfg.mini_batches, len(order))) for order in orders]
+        gap = [0.0, 0.0]  # |engine - recomputed| summed over the trained tokens, and their count
+        # The first optimiser step's mini-batch needs no recomputation: until that step the policy is the
+        # one its own forward runs, so that forward's log-probs (detached) are the behaviour log-probs the
+        # recomputation would give, and the ratio is 1. Only the other mini-batches are recomputed, which
+        # spares the update one no-grad forward over 1 / mini_batches of the data (all of it at one).
+        own_forward = set(chunks[0][0].tolist()) if self.recompute_logprobs and packed else set()
         if self.recompute_logprobs:
-            recomputed = self._recompute_old_logprobs(units, packs if packed else None, logprobs, device, max_tokens if packed else 0)
+            rest = [i for i in range(len(units)) if i not in own_forward]
+            self._recompute_old_logprobs([units[i] for i in rest], [packs[i] for i in rest] if packed else None,
+                                         logprobs, device, max_tokens if packed else 0, gap)
 
         per_update: list[dict[str, float]] = []
         forward_tokens = 0
         self.model.train()
-        for _ in range(cfg.epochs):
-            order = torch.randperm(len(units), generator=torch_rng).numpy()
-            for chunk in np.array_split(order, min(cfg.mini_batches, len(order))):
+        for epoch in range(cfg.epochs):
+            for index, chunk in enumerate(chunks[epoch]):
+                first = epoch == 0 and index == 0 and bool(own_forward)
                 denominator = float(sum(denominators[i] for i in chunk))
                 if packed:
                     groups = micro_batches([p for i in chunk for p in packs[i]], max_tokens)
@@ -406,11 +422,17 @@ class Trainer:
                 sums = {"actor/pg_loss": 0.0, "actor/clipfrac": 0.0, "actor/kl": 0.0}
                 ratio_sum, in_loss_weight = 0.0, 0.0
                 self.optimizer.zero_grad(set_to_none=True)
-                for batch in batches:
+                for number, batch in enumerate(batches):
                     _to(batch, device)
                     forward_tokens += int(batch.input_ids.shape[1]) if packed else int(batch.attention_mask.sum())
                     with torch.autocast(device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
                         logp = logprobs(self.model, batch)
+                    if first:  # the behaviour log-probs of this mini-batch, as the recomputation would give them
+                        behaviour = logp.detach().float().cpu()
+                        _record_gap(gap, behaviour, batch.old_logprobs.cpu(), batch.weights.cpu())
+                        for pack, values in zip(groups[number], behaviour.split([len(p.targets) for p in groups[number]])):
+                            pack.old_logprobs = values.tolist()  # a later epoch's batches are made from the packs
+                        batch.old_logprobs = behaviour.to(batch.old_logprobs.device)
                     ref = None
                     if self.reference is not None:
                         with torch.no_grad():
@@ -448,7 +470,9 @@ class Trainer:
         metrics["actor/grad_norm"] = float(np.mean([u["actor/grad_norm"] for u in per_update]))
         metrics["actor/sequences"] = float(len(sequences))
         metrics["actor/tokens_forward"] = float(forward_tokens)
-        return {**metrics, **recomputed}
+        if gap[1]:  # how far the engine's log-probs were from the update's
+            metrics["actor/rollout_logprob_gap"] = gap[0] / gap[1]
+        return metrics
 
     @property
     def recompute_logprobs(self) -> bool:
@@ -459,21 +483,21 @@ class Trainer:
         return getattr(self.setup.engine, "precision", "fp32") != "fp32" or self.autocast is not None
 
     @torch.no_grad()
-    def _recompute_old_logprobs(self, units: list, packs: list | None, logprobs: Callable, device: torch.device, max_tokens: int) -> dict[str, float]:
+    def _recompute_old_logprobs(
+        self, units: list, packs: list | None, logprobs: Callable, device: torch.device, max_tokens: int, gap: list[float]
+    ) -> None:
         """Replace every trained token's behaviour log-prob with the current policy's, computed as the
         update computes it (same layout, same precision, no gradient), before any optimiser step: the
         importance ratio then measures only how far the update has moved the policy (verl's
-        `recompute_log_prob`). Returns `actor/rollout_logprob_gap`, the mean |engine - recomputed| over
-        the tokens in the loss: how far the engine's numbers were from the update's."""
-        gap, count = 0.0, 0.0
+        `recompute_log_prob`). Adds to `gap` the sum and count of |engine - recomputed| over the tokens
+        in the loss (`actor/rollout_logprob_gap`: how far the engine's numbers were from the update's)."""
         autocast = dict(dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None)
         if packs is not None:
             for group in micro_batches([p for unit in packs for p in unit], max_tokens):
                 batch = pack_batch(group)
                 with torch.autocast(device.type, **autocast):
                     new = logprobs(self.model, _to(batch, device)).float().cpu()
-                gap += float(((new - batch.old_logprobs).abs() * (batch.weights > 0)).sum())
-                count += float((batch.weights > 0).sum())
+                _record_gap(gap, new, batch.old_logprobs, batch.weights)
                 for pack, values in zip(group, new.split([len(p.targets) for p in group])):
                     pack.old_logprobs = values.tolist()
         else:
@@ -484,13 +508,10 @@ class Trainer:
                 batch = pad_batch(chunk, max_len=max_len)
                 with torch.autocast(device.type, **autocast):
                     new = logprobs(self.model, _to(batch, device)).float().cpu()
-                trained = batch.weights > 0
-                gap += float(((new - batch.old_logprobs).abs() * trained).sum())
-                count += float(trained.sum())
+                _record_gap(gap, new, batch.old_logprobs, batch.weights)
                 for row, seq in enumerate(chunk):
                     width = min(len(seq.token_ids), new.shape[1] + 1) - 1
                     seq.old_logprobs = [seq.old_logprobs[0], *new[row, :width].tolist(), *seq.old_logprobs[width + 1 :]]
-        return {"actor/rollout_logprob_gap": gap / count} if count else {}
 
     # ------------------------------------------------------------------ evaluation
 
