@@ -10,9 +10,12 @@ chosen one is the eligible regime whose accuracy rose most over its 12 steps.
 
     python experiments/smollm2_regime.py run [--out runs/smollm2_regime] [--only NAME ...]
     python experiments/smollm2_regime.py summary [--out runs/smollm2_regime]
+    python experiments/smollm2_regime.py save [--out runs/smollm2_regime] [--to docs/results/smollm2_regime]
 
 `summary` prints one JSON object: every regime's start, end and rise with their standard errors,
-its seconds a step and generated tokens a step, and the choice.
+its seconds a step and generated tokens a step, and the choice. `save` packs each finished run's
+`config.yaml`, `code.json` and `metrics.jsonl` into `TO/runs.tar.xz` (its trees and checkpoints stay in
+OUT) and writes the summary beside it as `summary.json`.
 """
 
 from __future__ import annotations
@@ -102,15 +105,30 @@ def summary(out: Path) -> dict:
             "chosen": chosen if done else None, "complete": done}
 
 
+def save(out: Path, to: Path) -> dict:
+    """Pack the finished runs' small files into `to/runs.tar.xz` and write `to/summary.json`."""
+    import tarfile
+
+    result = summary(out)
+    to.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(to / "runs.tar.xz", "w:xz") as archive:
+        for name, row in result["regimes"].items():
+            for file in ("config.yaml", "code.json", "metrics.jsonl") if row["finished"] else ():
+                archive.add(out / name / file, arcname=f"{name}/{file}")
+    (to / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=("run", "summary"))
+    parser.add_argument("command", choices=("run", "summary", "save"))
     parser.add_argument("--out", type=Path, default=Path("runs/smollm2_regime"))
+    parser.add_argument("--to", type=Path, default=Path("docs/results/smollm2_regime"))
     parser.add_argument("--only", nargs="*", default=[], choices=sorted(REGIMES))
     args = parser.parse_args()
     if args.command == "run":
         run(args.out, args.only)
-    print(json.dumps(summary(args.out)))
+    print(json.dumps(save(args.out, args.to) if args.command == "save" else summary(args.out)))
 
 
 if __name__ == "__main__":

@@ -178,3 +178,12 @@ def test_the_regime_pilot_applies_its_plans_rule(tmp_path):
     assert not summary["regimes"]["toolmath"]["eligible"]
     assert abs(summary["regimes"]["multihop_1_2"]["rise"] - 0.10) < 1e-9
     assert pilot.finished(tmp_path / "toolmath", 12) and not pilot.finished(tmp_path / "toolmath", 13)
+    for name in pilot.REGIMES:
+        (tmp_path / name / "config.yaml").write_text("seed: 0\n")
+        (tmp_path / name / "code.json").write_text("{}")
+    saved = pilot.save(tmp_path, tmp_path / "saved")
+    assert json.loads(json.dumps(saved)) == json.loads((tmp_path / "saved" / "summary.json").read_text())
+    import tarfile
+
+    with tarfile.open(tmp_path / "saved" / "runs.tar.xz") as archive:
+        assert sorted(archive.getnames()) == sorted(f"{n}/{f}" for n in pilot.REGIMES for f in ("config.yaml", "code.json", "metrics.jsonl"))
