@@ -32,14 +32,16 @@ from trace_rl.run import RunConfig, build_parts
 
 SETTINGS: dict[str, list[str]] = {
     "profile": [],
-    "before_profiles": ["task.format=tag", "task.few_shot=0", "rollout.temperature=1.0"],
-    "no_examples_t0.7": ["task.format=tag", "task.few_shot=0", "rollout.temperature=0.7"],
-    "examples_t1": ["task.format=tag", "task.few_shot=2", "rollout.temperature=1.0"],
-    "json_examples_t0.7": ["task.format=json", "task.few_shot=2", "rollout.temperature=0.7"],
+    "closed_thought": ["task.open_thought=false"],
+    "before_profiles": ["task.format=tag", "task.few_shot=0", "task.open_thought=false", "rollout.temperature=1.0"],
+    "no_examples_t0.7": ["task.format=tag", "task.few_shot=0", "task.open_thought=false", "rollout.temperature=0.7"],
+    "examples_t1": ["task.format=tag", "task.few_shot=2", "task.open_thought=false", "rollout.temperature=1.0"],
+    "json_examples_t0.7": ["task.format=json", "task.few_shot=2", "task.open_thought=false", "rollout.temperature=0.7"],
 }
-"""Each setting's overrides: `profile` is what a user gets by default; `before_profiles` the defaults
-before `trace_rl.models.profiles` (tag format, no examples, temperature 1); the rest change one thing
-each, and `json_examples_t0.7` tries the other format."""
+"""Each setting's overrides: `profile` is what a user gets by default; `closed_thought` the profile
+without opening each turn with `<think>`; `before_profiles` the defaults before
+`trace_rl.models.profiles` (tag format, no examples, temperature 1); the rest change one thing each
+from the closed profile, and `json_examples_t0.7` tries the other format."""
 
 
 def turn_shares(trees: list) -> dict[str, float]:
@@ -84,6 +86,7 @@ def main() -> None:
             "setting": name,
             "format": config.task.format,
             "few_shot": len(getattr(parts.env, "examples", ())),
+            "open_thought": config.task.open_thought,
             "temperature": config.rollout.temperature,
             **turn_shares(trees),
             "prompt_tokens": prompt_tokens,

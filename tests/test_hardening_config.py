@@ -154,6 +154,7 @@ UNCONSTRAINED: dict[str, str] = {
     "predictor.guard": "both values are settings",
     "predictor.turn_features": "both values are settings",
     "rollout.stage2_objective": "a Literal: every choice is a setting",
+    "task.open_thought": "a bool or null (the model's profile): every value is a setting",
     "rollout.stage2_evidence": "a bool: both are settings for the default method (true with a Stage 2 that reads no values is refused: tests/test_evidence.py)",
     "train.eval_on_start": "both values are settings",
     "train.save_trees": "both values are settings",

@@ -187,3 +187,37 @@ def test_the_regime_pilot_applies_its_plans_rule(tmp_path):
 
     with tarfile.open(tmp_path / "saved" / "runs.tar.xz") as archive:
         assert sorted(archive.getnames()) == sorted(f"{n}/{f}" for n in pilot.REGIMES for f in ("config.yaml", "code.json", "metrics.jsonl"))
+
+
+def test_an_opened_thought_round_trips_through_the_env_and_the_examples():
+    """With `open_thought` every turn of the model starts inside a <think> the env wrote: the prompt and
+    each observation end with it, the oracle's turns (and so the examples and the warm start's
+    demonstrations) leave it out, and they still parse and solve the task."""
+    from trace_rl.agent.agents import OracleAgent, run_episode
+    from trace_rl.models import load_policy
+    from trace_rl.rollout.collector import encode_prompt
+
+    train = load_taskset("multihop", split="train", num_tasks=40)
+    env = ToolEnv.for_taskset(train, turn_format="tag", open_thought=True, max_turns=5)
+    assert env.prompt_suffix == "<think>" and env.reset(train.tasks[0]).endswith("<think>")
+    solved = 0
+    for task in train.tasks[:8]:
+        episode = run_episode(env, task, OracleAgent(train.oracle, env.format))
+        solved += episode.reward == 1.0
+        assert not any(action.startswith("<think>") for action in episode.actions)
+        assert all(step.observation.endswith("<think>") for step in episode.steps[:-1])
+        assert all(step.info.call is not None for step in episode.steps)
+    assert solved == 8
+    (example,) = worked_examples(env, train.tasks, train.oracle, 1)
+    assert example.episode.startswith("<think>I should use") and "<think><think>" not in example.episode
+    tokenizer = load_policy("tiny", tokenizer_texts=["a b c"]).tokenizer
+    ids = encode_prompt(tokenizer, env, train.tasks[0])
+    assert tokenizer.decode(ids).endswith("<think>")
+    closed = ToolEnv.for_taskset(train, turn_format="tag")
+    assert closed.prompt_suffix == "" and not tokenizer.decode(encode_prompt(tokenizer, closed, train.tasks[0])).endswith("<think>")
+
+
+def test_the_profile_opens_smollm2s_turns():
+    assert load_config(RunConfig, SMOKE, ["model.name=smollm2-135m"]).task.open_thought is True
+    assert load_config(RunConfig, SMOKE).task.open_thought is False
+    assert load_config(RunConfig, SMOKE, ["model.name=smollm2-135m", "task.open_thought=false"]).task.open_thought is False

@@ -114,7 +114,8 @@ HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 
 def apply_profile(config: RunConfig) -> None:
-    """Fill what the config leaves to the model (`task.format: auto`, `rollout.temperature: null`) from
+    """Fill what the config leaves to the model (`task.format: auto`, `task.open_thought: null`,
+    `rollout.temperature: null`) from
     its prompt profile (`trace_rl.models.profiles`), so the saved config.yaml says what the run used.
     `task.few_shot: null` is settled by `build_env`, which sees whether the task set can play examples."""
     from trace_rl.models.profiles import profile_for
@@ -123,6 +124,8 @@ def apply_profile(config: RunConfig) -> None:
     task = config.task
     if task.format == "auto":
         task.format = profile.format  # type: ignore[assignment]
+    if task.open_thought is None:
+        task.open_thought = profile.open_thought
     if task.few_shot and task.env is not None:
         raise FieldError("task.few_shot", task.few_shot, f"0 with task.env={task.env!r} (worked examples are the bundled ToolEnv's turns)")
     if config.rollout.temperature is None:
@@ -353,6 +356,7 @@ def build_env(config: RunConfig, taskset: TaskSet) -> Env:
         search_url=task.search_url,
         topk=task.topk,
         sandbox=task.sandbox,
+        open_thought=bool(task.open_thought),
     )
     env.examples = tuple(few_shot_examples(config, env))
     return env

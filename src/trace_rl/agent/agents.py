@@ -100,7 +100,7 @@ def worked_examples(env: ToolEnv, tasks: Sequence[Task], oracle: OraclePolicy, c
         except ValueError:  # the oracle wrote a turn the format cannot carry: not an example
             continue
         if episode.terminated and episode.reward >= 1.0:
-            text = "".join(action + step.observation for action, step in zip(episode.actions, episode.steps))
+            text = plain.format.opener + "".join(action + step.observation for action, step in zip(episode.actions, episode.steps))
             solved.append((len(text), index, WorkedExample(task, text)))
     if len(solved) < count:
         raise ValueError(f"the oracle (or the demonstrations) solved {len(solved)} of the {len(tasks)} train tasks, "

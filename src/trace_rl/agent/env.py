@@ -157,13 +157,14 @@ class ToolEnv:
         max_turns: int = 8,
         max_observation_chars: int = 4000,
         examples: Sequence[WorkedExample] = (),
+        open_thought: bool = False,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if max_observation_chars < 1:
             raise ValueError(f"max_observation_chars must be >= 1, got {max_observation_chars}")
         self.tools = dict(tools)
-        self.format = get_format(turn_format) if isinstance(turn_format, str) else turn_format
+        self.format = (get_format(turn_format) if isinstance(turn_format, str) else turn_format).with_open_thought(open_thought)
         self.scorer = scorer if scorer is not None else default_scorer
         self.max_turns = max_turns
         self.max_observation_chars = max_observation_chars
@@ -185,6 +186,7 @@ class ToolEnv:
         search_url: str | None = None,
         topk: int = 3,
         sandbox: SandboxConfig | None = None,
+        open_thought: bool = False,
     ) -> ToolEnv:
         """An env with the tools the taskset's tasks use (its own, `TaskSet.tools`, and the bundled ones);
         search runs over its corpus (or `search_url`), python in `sandbox` (checked now:
@@ -192,7 +194,8 @@ class ToolEnv:
         names = sorted({name for task in taskset.tasks for name in task.tools} - set(taskset.tools))
         corpus = taskset.corpus if "search" in names and search_url is None else None
         tools = {**build_tools(names, corpus=corpus, search_url=search_url, topk=topk, sandbox=sandbox), **taskset.tools}
-        return cls(tools, turn_format=turn_format, scorer=scorer, max_turns=max_turns, max_observation_chars=max_observation_chars)
+        return cls(tools, turn_format=turn_format, scorer=scorer, max_turns=max_turns, max_observation_chars=max_observation_chars,
+                   open_thought=open_thought)
 
     # ---------------------------------------------------------------- what the policy sees
 
@@ -205,6 +208,12 @@ class ToolEnv:
 
     def prompt(self, task: Task) -> str:
         return self.format.render_prompt(task, self.tool_specs(task), self.examples)
+
+    @property
+    def prompt_suffix(self) -> str:
+        """Text that follows the chat template's generation prompt: the format's turn opener (`<think>`
+        when `open_thought`), which `rollout.collector.encode_prompt` appends."""
+        return self.format.opener
 
     def messages(self, task: Task) -> list[dict[str, str]]:
         """The prompt as chat messages (system, the worked examples' exchanges, user), for chat templates."""
@@ -226,7 +235,7 @@ class ToolEnv:
     def reset(self, task: Task, *, seed: int | None = None) -> str:
         """Start `task`. `seed` is accepted for the `Env` protocol; this env has no randomness of its own."""
         self._specs = self.tool_specs(task)
-        prompt = self.format.render_prompt(task, self._specs, self.examples)
+        prompt = self.format.render_prompt(task, self._specs, self.examples) + self.format.opener
         self._state = EnvSnapshot(task=task, prompt=prompt, steps=(), context=prompt)
         self._done = False
         return prompt
@@ -251,14 +260,14 @@ class ToolEnv:
         elif parsed.call is None:
             text, cut = self._cut(f"error: {parsed.error}")
             info = StepInfo(**base, parse_error=parsed.error, observation=text, observation_truncated=cut)
-            result = StepResult(self.format.render_observation(text), 0.0, False, False, info)
+            result = StepResult(self.format.render_observation(text) + self.format.opener, 0.0, False, False, info)
         else:
             outcome = run_tool(self.tools, parsed.call)
             text, cut = self._cut(outcome.output)
             info = StepInfo(
                 **base, tool_error=outcome.error_kind, observation=text, observation_truncated=cut, tool_seconds=outcome.seconds
             )
-            result = StepResult(self.format.render_observation(text), 0.0, False, False, info)
+            result = StepResult(self.format.render_observation(text) + self.format.opener, 0.0, False, False, info)
         self._state = EnvSnapshot(state.task, state.prompt, (*state.steps, result), state.context + action + result.observation)
         self._done = result.done
         return result

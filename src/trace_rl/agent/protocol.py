@@ -204,6 +204,23 @@ class TurnFormat:
     """
 
     name: str = ""
+    opens_thought: bool = False
+    """Whether every turn is opened with `<think>` for the model (after the prompt and after each
+    observation), so it continues a thought instead of choosing how to begin: a small instruct model
+    that copied the format for its first turn wrote prose after an observation (`with_open_thought`)."""
+
+    @property
+    def opener(self) -> str:
+        """The text that opens each of the model's turns: `<think>`, or nothing."""
+        return "<think>" if self.opens_thought else ""
+
+    def with_open_thought(self, opens: bool = True) -> TurnFormat:
+        """This format, with every turn opened by `<think>` (or not)."""
+        if opens == self.opens_thought:
+            return self
+        copy = type(self)()
+        copy.opens_thought = opens
+        return copy
 
     # ---------------------------------------------------------------- prompt
 
@@ -249,7 +266,7 @@ class TurnFormat:
 
         Raises ValueError if the call cannot be written in this format.
         """
-        think = f"<think>{thought}</think>\n" if thought else ""
+        think = f"{thought}</think>\n" if self.opens_thought else f"<think>{thought}</think>\n" if thought else ""
         if call.name == ANSWER:
             return think + _tag(ANSWER, _only_argument(call, ANSWER_SPEC.argument))
         return think + self._render_tool_call(call)

@@ -662,6 +662,10 @@ class TaskConfig:
     They teach a pretrained model the turn format without a warm start. None: the model's profile
     when `model.warm_start` is false (2 for `smollm2-135m`), else 0; the profile's count is dropped, with
     a warning, for a task set with neither oracle nor demonstrations."""
+    open_thought: bool | None = None
+    """Open each of the model's turns with `<think>` (after the prompt and after every observation), so
+    it continues a thought rather than choosing how to begin. None: the model's profile (true for
+    `smollm2-135m`, which without it wrote prose after its first observation)."""
     max_turns: int = 5
     """Turns an episode may take; one that has not answered by then ends with reward 0."""
     topk: int = 2

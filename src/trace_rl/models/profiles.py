@@ -7,11 +7,12 @@ ours. A model taught Hermes-style tool calls (the Qwen2 and Qwen3 families) writ
 was taught no tool format at all: told the rules alone, it answers the question in prose, and at
 temperature 1 its prose drifts into noise, so without a warm start it wrote almost no valid action
 and RL had nothing to learn from. Shown worked examples (whole episodes of other questions, as earlier
-turns of the chat) and sampled at 0.7, most of its first turns are valid actions
-(`experiments/protocol_share.py`, docs/results/protocol_share).
+turns of the chat) and sampled at 0.7, it copies the format for its first turn; after an observation it
+wrote prose again until each turn was opened with `<think>` for it (`experiments/protocol_share.py`,
+docs/results/protocol_share).
 
 A profile fills only what the config leaves open (`task.format: auto`, `task.few_shot: null`,
-`rollout.temperature: null`); a value the config sets always wins. Worked examples apply only to a run
+`task.open_thought: null`, `rollout.temperature: null`); a value the config sets always wins. Worked examples apply only to a run
 without a warm start: a warm-started policy has learnt the format from its demonstrations.
 """
 
@@ -30,6 +31,8 @@ class PromptProfile:
     """The ReAct turn format (`trace_rl.agent.protocol`): `tag` or `json`."""
     few_shot: int = 0
     """Worked examples before the question when the run has no warm start."""
+    open_thought: bool = False
+    """Whether each of the model's turns is opened with `<think>` for it."""
     temperature: float = 1.0
     """Sampling temperature of the rollouts and the sampled evaluation."""
     why: str = "no profile: the defaults"
@@ -42,8 +45,10 @@ PRESET_PROFILES: dict[str, PromptProfile] = {
     "smollm2-135m": PromptProfile(
         format="tag",
         few_shot=2,
+        open_thought=True,
         temperature=0.7,
-        why="taught no tool format: two worked examples and temperature 0.7 make most first turns valid actions",
+        why="taught no tool format: two worked examples, each turn opened with <think>, and temperature 0.7 "
+            "make most of its turns valid actions",
     ),
 }
 """Profiles of the presets, by `model.name`."""

@@ -148,8 +148,10 @@ class RolloutConfig(AllocationSettings):
 
 
 def encode_prompt(tokenizer: Any, env: Env, task: Task) -> list[int]:
-    """Token ids of the task's prompt: the env's chat messages through the tokenizer's chat template."""
+    """Token ids of the task's prompt: the env's chat messages through the tokenizer's chat template,
+    then what the env opens the model's turn with (`ToolEnv.prompt_suffix`; optional in the protocol)."""
     rendered = tokenizer.apply_chat_template(env.messages(task), add_generation_prompt=True, tokenize=False)
+    rendered += getattr(env, "prompt_suffix", "")
     return list(tokenizer.encode(rendered, add_special_tokens=False))
 
 
