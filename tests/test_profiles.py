@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 import trace_rl
 from trace_rl import ToolCall
@@ -221,3 +222,19 @@ def test_the_profile_opens_smollm2s_turns():
     assert load_config(RunConfig, SMOKE, ["model.name=smollm2-135m"]).task.open_thought is True
     assert load_config(RunConfig, SMOKE).task.open_thought is False
     assert load_config(RunConfig, SMOKE, ["model.name=smollm2-135m", "task.open_thought=false"]).task.open_thought is False
+
+
+def test_a_run_folder_written_before_the_profiles_resumes_as_it_ran(tmp_path):
+    """A run folder's config.yaml lists every key its trace-rl knew: one without `task.open_thought` or
+    `task.few_shot` ran with closed turns and no examples, and must resume so, not as the profile says."""
+    from trace_rl.run import load_run_config
+
+    old = load_config(RunConfig, SMOKE, ["model.name=smollm2-135m"])
+    data = to_dict(old)
+    del data["task"]["open_thought"], data["task"]["few_shot"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(data))
+    resumed = load_run_config(tmp_path / "config.yaml", ["train.steps=3"])
+    assert (resumed.task.open_thought, resumed.task.few_shot, resumed.train.steps) == (False, 0, 3)
+    assert load_config(RunConfig, tmp_path / "config.yaml").task.open_thought is True  # a config of one's own: the profile
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(to_dict(old)))
+    assert load_run_config(tmp_path / "config.yaml") == old

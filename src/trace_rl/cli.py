@@ -172,13 +172,13 @@ def _train(args: argparse.Namespace) -> int:
 def _train_locked(args: argparse.Namespace) -> int:
     from trace_rl.infra.config import load_config
     from trace_rl.infra.progress import progress_bar
-    from trace_rl.run import RunConfig, headline, train_run
+    from trace_rl.run import RunConfig, headline, load_run_config, train_run
     from trace_rl.train.rundir import RunDir
     from trace_rl.train.trainer import StopRequest
 
     if args.resume:
         run_dir = Path(args.resume)
-        config = load_config(RunConfig, run_dir / "config.yaml", args.overrides)
+        config = load_run_config(run_dir / "config.yaml", args.overrides)
     elif args.config and args.out:
         config = load_config(RunConfig, args.config, args.overrides)
         run_dir = _out_folder(args.out)

@@ -39,10 +39,12 @@ from trace_rl.infra.config import (
     ModelConfig,
     TaskConfig,
     check_range,
+    apply_override,
     did_you_mean,
     from_dict,
     load_config,
     load_yaml,
+    load_yaml_file,
     show_value,
 )
 from trace_rl.infra.references import BadReference, is_reference, resolve
@@ -109,15 +111,40 @@ class RunConfig:
         apply_profile(self)
 
 
+KEYS_ADDED: dict[str, Any] = {"task.few_shot": 0, "task.open_thought": False}
+"""Keys a run folder's config.yaml may predate (it lists every key its trace-rl knew), with what a run
+written before them did. In a config of one's own a missing key is left to the model's profile; in a
+run folder's it must mean what that run ran with, or a resume would change it."""
+
+
+def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """A run folder's config (its config.yaml, or a checkpoint's copy of it), the keys it predates set as
+    that run had them (`KEYS_ADDED`), then `overrides`."""
+    return from_dict(RunConfig, run_config_data(load_yaml_file(path), overrides))
+
+
+def run_config_data(data: Any, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """A run folder's config data with the keys it predates filled (`KEYS_ADDED`), then `overrides`."""
+    data = dict(data) if isinstance(data, dict) else {}
+    for dotted, value in KEYS_ADDED.items():
+        section, key = dotted.split(".")
+        part = data.get(section)
+        if part is None or isinstance(part, dict):
+            data[section] = {key: value, **(part or {})}
+    for item in overrides:
+        apply_override(data, item)
+    return data
+
+
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 """A Hugging Face hub id (`org/name` or `name`)."""
 
 
 def apply_profile(config: RunConfig) -> None:
     """Fill what the config leaves to the model (`task.format: auto`, `task.open_thought: null`,
-    `rollout.temperature: null`) from
-    its prompt profile (`trace_rl.models.profiles`), so the saved config.yaml says what the run used.
-    `task.few_shot: null` is settled by `build_env`, which sees whether the task set can play examples."""
+    `rollout.temperature: null`) from its prompt profile (`trace_rl.models.profiles`), so the saved
+    config.yaml says what the run used. `task.few_shot: null` is settled by `build_env`, which sees
+    whether the task set can play examples."""
     from trace_rl.models.profiles import profile_for
 
     profile = profile_for(config.model.name)
@@ -772,9 +799,9 @@ def _trained_config(folder: RunDir, state: dict[str, Any] | None) -> tuple[RunCo
         if state is not None:
             warnings.warn(f"{folder.path}: its checkpoint does not hold the config it was trained with (written before "
                           "checkpoints did), so the resume is checked against config.yaml", RunDirWarning, stacklevel=3)
-        return load_config(RunConfig, folder.config_path), None
+        return load_run_config(folder.config_path), None
     try:
-        return from_dict(RunConfig, load_yaml(text, f"{folder.path}: the checkpoint's config")), text
+        return from_dict(RunConfig, run_config_data(load_yaml(text, f"{folder.path}: the checkpoint's config"))), text
     except ConfigError as exc:
         raise RunDirError(f"{exc}: this trace-rl cannot read the config the checkpoint was trained with") from None
 
