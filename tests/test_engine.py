@@ -312,6 +312,22 @@ def test_released_memory_is_rebuilt_by_the_next_generate_which_draws_the_same(po
     assert [c.logprobs for c in after[0]] == [c.logprobs for c in before[0]]
 
 
+def test_a_bf16_engine_counts_and_releases_its_weight_copy(policy: Policy) -> None:
+    """In bf16 on a CPU with native bf16 the decoder's weights are oneDNN's prepacked, opaque tensors
+    (no storage to ask): releasing them after an evaluation raised NotImplementedError and ended a
+    SmolLM2 run. Every weight is then the decoder's own, in 2 bytes (the tied output layer too)."""
+    engine = HFEngine.from_policy(policy, precision="bf16")
+    engine.generate([[2, *range(40, 70)]], SamplingParams(n=1, max_new_tokens=4, seed=3))
+    decoder = engine.decoder
+    assert decoder is not None
+    linear = sum(m.weight.numel() * 2 for m in policy.model.modules() if isinstance(m, torch.nn.Linear))
+    embedding = policy.model.get_input_embeddings().weight.numel() * 2
+    assert decoder.nbytes == linear + embedding  # the bf16 embedding is a copy too
+    held = engine.cache.nbytes + decoder.nbytes
+    assert engine.release_memory() == held
+    assert decoder.released and decoder.nbytes == 0
+
+
 def test_the_cache_stays_within_its_budget_and_keeps_the_newest() -> None:
     from trace_rl.engine.hf import PrefixCache
 

@@ -114,9 +114,11 @@ class Decoder:
         """Bytes this decoder holds beyond the model's own weights (0 once released): its transposed or
         converted copies; a tensor that shares the model's storage (the embedding in fp32) is not counted."""
         models = {p.untyped_storage().data_ptr() for p in self.model.parameters()}
-        held = [self.embed, self.lm_head, *(t for layer in self.layers for t in layer.values())]
-        own = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held if t is not None}
-        return sum(size for pointer, size in own.items() if pointer not in models)
+        held = [t for t in (self.embed, self.lm_head, *(t for layer in self.layers for t in layer.values())) if t is not None]
+        # oneDNN's prepacked weights are opaque (no storage to ask); they are always this decoder's own
+        packed = sum(t.numel() * t.element_size() for t in held if t.is_mkldnn)
+        own = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held if not t.is_mkldnn}
+        return packed + sum(size for pointer, size in own.items() if pointer not in models)
 
     def release(self) -> None:
         """Drop the copy of the weights (a model's worth of memory in this decoder's dtype) until `refresh`."""
