@@ -15,7 +15,8 @@ chosen one is the eligible regime whose accuracy rose most over its 12 steps.
 `summary` prints one JSON object: every regime's start, end and rise with their standard errors,
 its seconds a step and generated tokens a step, and the choice. `save` packs each finished run's
 `config.yaml`, `code.json` and `metrics.jsonl` into `TO/runs.tar.xz` (its trees and checkpoints stay in
-OUT) and writes the summary beside it as `summary.json`.
+OUT) and writes the summary beside it as `pilot.json` (not `summary.json`: that name marks an exported
+comparison, which the results pages and tests read).
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def summary(out: Path) -> dict:
 
 
 def save(out: Path, to: Path) -> dict:
-    """Pack the finished runs' small files into `to/runs.tar.xz` and write `to/summary.json`."""
+    """Pack the finished runs' small files into `to/runs.tar.xz` and write `to/pilot.json`."""
     import tarfile
 
     result = summary(out)
@@ -115,7 +116,7 @@ def save(out: Path, to: Path) -> dict:
         for name, row in result["regimes"].items():
             for file in ("config.yaml", "code.json", "metrics.jsonl") if row["finished"] else ():
                 archive.add(out / name / file, arcname=f"{name}/{file}")
-    (to / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
+    (to / "pilot.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
 
 

@@ -183,7 +183,7 @@ def test_the_regime_pilot_applies_its_plans_rule(tmp_path):
         (tmp_path / name / "config.yaml").write_text("seed: 0\n")
         (tmp_path / name / "code.json").write_text("{}")
     saved = pilot.save(tmp_path, tmp_path / "saved")
-    assert json.loads(json.dumps(saved)) == json.loads((tmp_path / "saved" / "summary.json").read_text())
+    assert json.loads(json.dumps(saved)) == json.loads((tmp_path / "saved" / "pilot.json").read_text())
     import tarfile
 
     with tarfile.open(tmp_path / "saved" / "runs.tar.xz") as archive:
