@@ -199,6 +199,27 @@ def test_bad_inputs_raise_clear_errors(engine: HFEngine) -> None:
     assert SamplingParams(stop="</search>").stop == ("</search>",)
 
 
+@pytest.mark.parametrize("vocab", [49152, 1000, 7])
+def test_the_two_level_sampler_draws_what_one_cumulative_sum_draws(vocab: int) -> None:
+    from trace_rl.engine.hf import inverse_cdf_sample
+
+    generator = torch.Generator().manual_seed(vocab)
+    scores = torch.randn(512, vocab, generator=generator) * 4
+    scores[:8, 1:] = -float("inf")  # all mass on one token, the first
+    scores[8:16, :-1] = -float("inf")  # ... on the last
+    uniform = torch.rand(512, generator=generator, dtype=torch.float64)
+    uniform[16:24] = torch.tensor([0.0, 1 - 2**-53] * 4, dtype=torch.float64)
+    tokens, logp = inverse_cdf_sample(scores * 0.7, 0.7, uniform)
+
+    reference_logp = torch.log_softmax(scores.double(), dim=-1)
+    cdf = reference_logp.exp().cumsum(dim=-1)
+    reference = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True).squeeze(-1).clamp(max=vocab - 1)
+    assert (tokens == reference).float().mean() >= 0.995  # fp32 weights move only draws at a boundary
+    assert torch.all(scores.gather(-1, tokens[:, None]) > -float("inf"))  # never a token without mass
+    assert torch.equal(tokens[:8], torch.zeros(8, dtype=torch.long)) and torch.equal(tokens[8:16], torch.full((8,), vocab - 1))
+    torch.testing.assert_close(logp.double(), reference_logp.gather(-1, tokens[:, None]).squeeze(-1), atol=1e-5, rtol=0)
+
+
 def test_cut_at_stop_keeps_the_earliest_ending_stop_string() -> None:
     assert cut_at_stop("a <search> q </search> tail", ("</search>", "tail")) == ("a <search> q </search>", "</search>")
     assert cut_at_stop("no stop here", ("</answer>",)) == ("no stop here", None)

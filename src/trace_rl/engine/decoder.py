@@ -200,7 +200,7 @@ class Decoder:
             if allowed is None:  # the same columns for every layer: made once a forward
                 allowed = _allowed(mask, T, keys.shape[-2])
                 if T == 1:
-                    bias = torch.zeros(allowed.shape, dtype=torch.float32, device=ids.device).masked_fill_(~allowed, float("-inf"))[:, None]
+                    bias = torch.zeros(allowed.shape, dtype=self.dtype, device=ids.device).masked_fill_(~allowed, float("-inf"))[:, None]
             if T > 1:  # a prefill: the fused kernel, which never holds the (T, C) scores of a head
                 attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed[:, None], scale=scale, enable_gqa=G > 1)
             else:  # a decode step: the G query heads of each key/value head as one (G, D) block
@@ -230,14 +230,17 @@ def _allowed(mask: torch.Tensor, T: int, columns: int) -> torch.Tensor:
 
 def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
     """Attention of one new token a row, (B, H, 1, D), grouped-query: the G query heads of a key/value
-    head as one (G, D) block against its cache (B, K, C, D), scores and softmax in fp32; `bias` (B, 1, 1, C)
+    head as one (G, D) block against its cache (B, K, C, D); `bias` (B, 1, 1, C), in the cache's dtype,
     is 0 where a column may be seen, -inf elsewhere. At one query a head this is about twice as fast
     as the fused kernel (which handles a head's queries one block at a time), and it reads each key
-    once however many query heads share it."""
+    once however many query heads share it. The scores come out of the product in the cache's dtype;
+    softmax computes in fp32 inside its kernel (for bf16 too) and rounds its output back, so no fp32
+    copy of the scores is made; the scale is applied to the queries (exact where it is a power of 2,
+    as for a head size of 64 or 256)."""
     B, H, _, D = q.shape
     K = keys.shape[1]
-    scores = q.view(B, K, H // K, D) @ keys.transpose(-1, -2)  # (B, K, G, C)
-    probs = torch.softmax(scores.float() * scale + bias, dim=-1).to(q.dtype)
+    scores = (q * scale).view(B, K, H // K, D) @ keys.transpose(-1, -2)  # (B, K, G, C)
+    probs = torch.softmax(scores.add_(bias), dim=-1)
     return (probs @ values).view(B, H, 1, D)
 
 
