@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from trace_rl.models import native_bf16
-from trace_rl.train.sft import torch_threads
+from trace_rl.training.sft import torch_threads
 
 
 def cpu_flags() -> dict[str, object]:

@@ -43,7 +43,7 @@ from step_speed import decode_bound
 from trace_rl.infra.config import load_config
 from trace_rl.research.reproduce import code_at
 from trace_rl.run import RunConfig, build_parts
-from trace_rl.train.rundir import read_metrics
+from trace_rl.storage.rundir import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 SPLIT = ("gen", "env", "update", "predictor", "alloc", "step")

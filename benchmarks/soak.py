@@ -26,7 +26,7 @@ from common import arguments, emit, parse_args
 
 from trace_rl.infra.config import load_config
 from trace_rl.run import RunConfig, build_parts, build_trainer
-from trace_rl.train.rundir import read_metrics
+from trace_rl.storage.rundir import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -37,7 +37,7 @@ import torch
 from common import arguments, emit, parse_args
 
 from trace_rl.models import native_bf16
-from trace_rl.train.tree_attention import loss_token_logprobs
+from trace_rl.training.tree_attention import loss_token_logprobs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -98,7 +98,7 @@ def run_trees(folder: Path, step: int | None, checkpoint: bool) -> tuple[list, o
     from trace_rl.infra.config import load_config
     from trace_rl.models import load_policy
     from trace_rl.run import RunConfig, policy_source
-    from trace_rl.train.rundir import RunDir
+    from trace_rl.storage.rundir import RunDir
 
     run = RunDir(folder)
     config = load_config(RunConfig, run.config_path, [])
@@ -113,7 +113,7 @@ def run_trees(folder: Path, step: int | None, checkpoint: bool) -> tuple[list, o
 
 
 def make_trainer(model, config, *, update: str, precision: str, **train):
-    from trace_rl.train.trainer import Trainer, TrainingSetup
+    from trace_rl.training.trainer import Trainer, TrainingSetup
 
     class Engine:
         accepts_weights, weight_version = True, 0
@@ -167,8 +167,8 @@ def dense_mask_check(model, sequences, *, temperature: float, max_len: int, repe
     """The alternative: the same packs, one per row, through the model's own attention with a dense
     (B, 1, N, N) tree mask (transformers passes a 4-D mask through as it is: bool for sdpa, additive
     float for eager). Forward + backward of the summed log-probs, against the packed layout's."""
-    from trace_rl.train.sequences import pack_batch, pack_tree, tree_groups
-    from trace_rl.train.tree_attention import packed_token_logprobs
+    from trace_rl.training.sequences import pack_batch, pack_tree, tree_groups
+    from trace_rl.training.tree_attention import packed_token_logprobs
 
     packs = [p for g in tree_groups(sequences) for p in pack_tree(g, max_len=max_len, zero_advantage=True)]
     eager = model.config._attn_implementation == "eager"
@@ -227,7 +227,7 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def tree_stats(trees, sequences) -> dict[str, float]:
-    from trace_rl.train.sequences import pack_tree, tree_groups
+    from trace_rl.training.sequences import pack_tree, tree_groups
 
     unique = sum(p.size for g in tree_groups(sequences) for p in pack_tree(g, zero_advantage=True))
     return {
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     from trace_rl.core.advantage import get_estimator
-    from trace_rl.train.sequences import tree_sequences
+    from trace_rl.training.sequences import tree_sequences
 
     if args.run:
         trees, policy, config = run_trees(args.run, args.step, args.checkpoint)

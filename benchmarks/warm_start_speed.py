@@ -7,7 +7,7 @@
     python benchmarks/warm_start_speed.py --quick         # `make bench`: padded and packed fp32, 4 steps each, 1 thread
 
 Each variant trains the `tiny` policy from the same copy-ready init on the same batches of the run's
-real demonstrations (`trace_rl.train.sft`: `sft_inputs`, `length_batches`), the steps `train_sft`
+real demonstrations (`trace_rl.training.sft`: `sft_inputs`, `length_batches`), the steps `train_sft`
 takes (`batch_loss`, AdamW, gradient clipping), in its own process, so that its
 resident memory is its own. Variants: `padded` (`sft.packing=false`, the recipe before), `packed`
 (the default), and each under bf16 autocast. Timed: mean seconds per step after `--warmup`
@@ -38,7 +38,7 @@ def run_variant(name: str, overrides: list[str], steps: int, warmup: int, thread
 
     from trace_rl.infra.config import load_config
     from trace_rl.run import RunConfig, build_env, task_splits
-    from trace_rl.train import sft
+    from trace_rl.training import sft
 
     packing, precision = VARIANTS[name]
     config = load_config(RunConfig, None, overrides)

@@ -76,14 +76,14 @@ def _python() -> str:
 def _finished(run: Path) -> bool:
     """A training run whose log reached the plan's last step, or a start evaluation with its record
     (as `trace-rl compare` decides what to skip)."""
-    from trace_rl.train.rundir import RunDir
+    from trace_rl.storage.rundir import RunDir
 
     return bool(RunDir(run).metrics()) if run.parent.name == START else RunDir(run).finished_steps() >= STEPS
 
 
 def _runs(folder: Path) -> list[Path]:
     """The runs of a phase's comparison folder that have begun their log (`seed_runs`)."""
-    from trace_rl.train.rundir import seed_runs
+    from trace_rl.storage.rundir import seed_runs
 
     return seed_runs(folder)
 
@@ -313,7 +313,7 @@ def finish() -> None:
     resume logs beside it."""
     import results  # scripts/results.py
     from trace_rl.research.study import CLOCK_FILE, PROBE_FILE
-    from trace_rl.train.rundir import read_run_file
+    from trace_rl.storage.rundir import read_run_file
 
     if _runner() is not None:
         sys.exit("the runner is still going: finish once every phase is done")

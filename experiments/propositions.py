@@ -33,7 +33,7 @@ import yaml
 
 from trace_rl.core.tree import History, RolloutTree, read_jsonl
 from trace_rl.predictor import HashedNgramPredictor, PredictorConfig, backup_targets
-from trace_rl.train.rundir import read_metrics
+from trace_rl.storage.rundir import read_metrics
 
 BINS = (0.0, 0.05, 0.10, 0.15, 0.20, 0.2501)
 """Bins of V(1 − V), which lies in [0, 0.25]."""

@@ -28,7 +28,7 @@ import numpy as np
 from trace_rl.infra.config import load_config
 from trace_rl.rollout.collector import RolloutConfig, TreeRolloutCollector
 from trace_rl.run import Parts, RunConfig, build_parts
-from trace_rl.train.sft import sft_stats
+from trace_rl.training.sft import sft_stats
 
 BINS = 10
 

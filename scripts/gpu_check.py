@@ -43,9 +43,9 @@ sys.path.insert(0, str(REPO / "src"))
 from trace_rl.core.advantage import NodeAdvantages
 from trace_rl.core.tree import read_jsonl
 from trace_rl.models.policy import build_tokenizer, load_policy
-from trace_rl.train.rundir import read_metrics
-from trace_rl.train.sequences import tree_sequences
-from trace_rl.train.tree_attention import loss_token_logprobs
+from trace_rl.storage.rundir import read_metrics
+from trace_rl.training.sequences import tree_sequences
+from trace_rl.training.tree_attention import loss_token_logprobs
 
 SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
            "num_key_value_heads": 3, "vocab_size": 49152, "max_position_embeddings": 8192, "rope_theta": 100000.0,

@@ -12,7 +12,7 @@ An exported folder holds what it takes to check or redo every number: the compar
 command, `summary.json` / `summary.md` as `trace-rl compare` wrote them (recomputed from the copied
 runs), each run's `config.yaml`, `metrics.jsonl` and `code.json` (`<method>/seed_<k>/`) packed
 into the folder's `runs.tar.xz` (`pack`: `tar -xJf runs.tar.xz` puts them back; every reader here and in
-trace_rl takes either form, `trace_rl.train.rundir.read_run_file` / `run_folders`; no checkpoints, no trees), and the plots, as
+trace_rl takes either form, `trace_rl.storage.rundir.read_run_file` / `run_folders`; no checkpoints, no trees), and the plots, as
 256-colour PNGs. The documentation site's results pages are generated from these files when it
 is built (`scripts/docs_hooks.py`), so a page can only say what the files say. `reproduce` reruns a run folder's first
 steps with the code it was made with and checks that they give the numbers it recorded. `signal` reads
@@ -55,7 +55,7 @@ from trace_rl.research.study import (
     study,
     study_markdown,
 )
-from trace_rl.train.rundir import (
+from trace_rl.storage.rundir import (
     PACKED_FILES,
     START,
     RunDir,
@@ -104,7 +104,7 @@ def export(run_dir: Path, dest: Path, config_path: Path, pauses: Path | None = N
 def pack(folder: Path) -> dict:
     """Make a results folder lean, losing no number: its runs' `metrics.jsonl`, `code.json` and
     `config.yaml`, and the per-step clock `export --pauses` wrote, go into `runs.tar.xz`
-    (`trace_rl.train.rundir.pack_runs`) and its plots become 256-colour PNGs (`shrink_plots`).
+    (`trace_rl.storage.rundir.pack_runs`) and its plots become 256-colour PNGs (`shrink_plots`).
     Packing a packed folder changes nothing; the same runs give the same bytes. Returns what was done."""
     archive = pack_runs(folder, extra=(CLOCK_FILE,))
     return {"folder": str(folder), "archive": str(archive) if archive else None, "plots": [str(p) for p in shrink_plots(folder)]}

@@ -9,7 +9,7 @@ import pytest
 from repo_files import load
 
 from trace_rl.research.compare import CompareConfig, summarise, summary_table
-from trace_rl.train.rundir import RunDir
+from trace_rl.storage.rundir import RunDir
 
 
 def _run(folder, accuracies, *, tokens_per_step=100.0, ratio=0.5):

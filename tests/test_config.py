@@ -169,7 +169,7 @@ def test_engine_settings_moved_from_model_still_load_with_a_warning(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the new names load without a word
         assert from_dict(RunConfig, {"engine": {"max_batch_size": 4}}).engine.max_batch_size == 4
-    from trace_rl.train.rundir import read_run_file
+    from trace_rl.storage.rundir import read_run_file
 
     committed = tmp_path / "config.yaml"  # a committed run's config.yaml (packed), written with every model key
     committed.write_bytes(read_run_file(Path(__file__).resolve().parents[1] / "docs/results/paper_main/trace/seed_0/config.yaml"))

@@ -170,7 +170,7 @@ def test_finish_waits_for_every_phase_then_exports_each_with_saved_clocks_and_th
     each phase is exported (packed, with its command), a run whose trees are gone keeps the clock saved
     when it finished, and the pre-registered analysis over both folders reads those clocks."""
     pytest.importorskip("matplotlib")
-    from trace_rl.train.rundir import read_run_file
+    from trace_rl.storage.rundir import read_run_file
 
     work, saved = places
 

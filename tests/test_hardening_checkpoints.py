@@ -19,7 +19,7 @@ from test_train import scripted_parts, small_config
 
 from trace_rl.infra.config import load_config
 from trace_rl.run import RunConfig, build_trainer
-from trace_rl.train.rundir import RunDir, RunDirError
+from trace_rl.storage.rundir import RunDir, RunDirError
 
 REPO = Path(__file__).resolve().parents[1]
 

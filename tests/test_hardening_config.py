@@ -27,8 +27,8 @@ from trace_rl.infra.config import ConfigError, FieldError, load_config
 from trace_rl.research.compare import CompareConfig
 from trace_rl.rollout.collector import RolloutConfig
 from trace_rl.run import RunConfig
-from trace_rl.train.sft import SFTConfig
-from trace_rl.train.trainer import TrainConfig
+from trace_rl.training.sft import SFTConfig
+from trace_rl.training.trainer import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.yaml"

@@ -21,8 +21,8 @@ import torch
 from test_train import metrics_without_timing, scripted_parts, small_config
 
 from trace_rl.run import build_trainer
-from trace_rl.train.rundir import RunDir, RunDirError, RunDirWarning, atomic_write
-from trace_rl.train.trainer import StopRequest
+from trace_rl.storage.rundir import RunDir, RunDirError, RunDirWarning, atomic_write
+from trace_rl.training.trainer import StopRequest
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["train.eval_every=0", "rollout.budget=8", "prompts_per_step=2", "task.test_tasks=2"]
@@ -348,7 +348,7 @@ def test_an_edit_a_resume_may_make_is_taken_and_the_archive_holds_the_checkpoint
 
 def test_a_second_writer_refuses_at_once_naming_the_first_and_a_killed_ones_lock_is_free(env, tmp_path):
     run_dir = tmp_path / "run"
-    holder = "import sys, time\nfrom trace_rl.train.rundir import RunDir\nwith RunDir(sys.argv[1]).lock():\n    print('held', flush=True)\n    time.sleep(600)\n"
+    holder = "import sys, time\nfrom trace_rl.storage.rundir import RunDir\nwith RunDir(sys.argv[1]).lock():\n    print('held', flush=True)\n    time.sleep(600)\n"
     process = subprocess.Popen([sys.executable, "-c", holder, str(run_dir)], env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout.readline().strip() == "held"
@@ -424,7 +424,7 @@ def in_small_disk(env: dict[str, str], script: str, *, size: str = "1m", tmp_pat
 def test_a_full_disk_is_one_line_naming_the_file_and_leaves_nothing_half_written(env, tmp_path):
     check = (
         "import os, pathlib, torch\n"
-        "from trace_rl.train.rundir import RunDir, RunDirError\n"
+        "from trace_rl.storage.rundir import RunDir, RunDirError\n"
         "run = RunDir(os.environ['DISK'] + '/run')\n"
         "run.save_checkpoint({'step': 1, 'w': torch.zeros(10)}, 1)\n"
         "run.append_metrics({'step': 1, 'loss': 0.5})\n"

@@ -32,7 +32,7 @@ from trace_rl.models import TinyConfig, load_policy
 from trace_rl.predictor.base import backup_targets
 from trace_rl.rollout.collector import TreeRolloutCollector
 from trace_rl.run import Parts, RunConfig, build_env, build_predictor
-from trace_rl.train.sequences import loss_denominator, tree_sequences
+from trace_rl.training.sequences import loss_denominator, tree_sequences
 
 pytestmark = pytest.mark.trl
 

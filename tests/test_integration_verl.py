@@ -46,7 +46,7 @@ from trace_rl.integrations.verl.trainer import TracePPOTrainer
 from trace_rl.models import TinyConfig, load_policy, token_logprobs
 from trace_rl.predictor.base import backup_targets
 from trace_rl.run import RunConfig
-from trace_rl.train.rundir import RunDir
+from trace_rl.storage.rundir import RunDir
 
 pytestmark = pytest.mark.verl
 

@@ -10,10 +10,11 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "trace_rl"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("infra",),
     ("core",),
+    ("storage",),
     ("predictor", "planning"),
     ("agent", "engine", "models"),
     ("rollout",),
-    ("train",),
+    ("training",),
     ("report",),
     ("research", "run"),
     ("integrations",),

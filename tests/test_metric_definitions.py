@@ -13,7 +13,7 @@ from test_train import scripted_parts, small_config
 
 from trace_rl.planning.metrics import DEFINITIONS, definition
 from trace_rl.run import build_trainer
-from trace_rl.train.rundir import read_metrics
+from trace_rl.storage.rundir import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src" / "trace_rl"

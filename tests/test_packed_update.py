@@ -12,7 +12,7 @@ from test_policy_update import small_llama, update_trainer
 from trace_rl.core.advantage import NodeAdvantages, get_estimator
 from trace_rl.core.tree import RolloutTree
 from trace_rl.models import token_logprobs
-from trace_rl.train.sequences import (
+from trace_rl.training.sequences import (
     in_loss,
     loss_denominator,
     micro_batches,
@@ -22,7 +22,7 @@ from trace_rl.train.sequences import (
     tree_groups,
     tree_sequences,
 )
-from trace_rl.train.tree_attention import (
+from trace_rl.training.tree_attention import (
     TreeAttentionUnsupported,
     loss_token_logprobs,
     packed_token_logprobs,

@@ -9,8 +9,8 @@ import torch
 
 from trace_rl.core.advantage import NodeAdvantages, get_estimator
 from trace_rl.core.tree import RolloutTree
-from trace_rl.train.loss import policy_loss
-from trace_rl.train.sequences import pad_batch, tree_sequences
+from trace_rl.training.loss import policy_loss
+from trace_rl.training.sequences import pad_batch, tree_sequences
 
 
 def branched_tree() -> RolloutTree:
@@ -127,7 +127,7 @@ def update_trainer(model, run_dir, *, update: str, kl_coef: float = 0.0, max_con
 
     from trace_rl.planning.methods import get_method
     from trace_rl.rollout.collector import RolloutConfig
-    from trace_rl.train.trainer import TrainConfig, Trainer, TrainingSetup
+    from trace_rl.training.trainer import TrainConfig, Trainer, TrainingSetup
 
     options = {"mini_batches": 1, "epochs": 1, "grad_clip": 1e9, "lr": 1e-3, "precision": "fp32", **train}
     config = TrainConfig(update=update, kl_coef=kl_coef, **options)

@@ -37,6 +37,30 @@ def half_credit(task: trace_rl.Task, answer: str) -> float:
     return 1.0 if answer.strip() == task.answers[0] else 0.5 if task.answers[0] in answer else 0.0
 
 
+def test_trace_rl_train_stays_the_function_after_every_submodule_is_imported():
+    # A subpackage named like an exported function would replace it as an attribute of trace_rl once
+    # imported (`trace_rl.train` was both: "module is not callable"). In a fresh process, so nothing
+    # this test session imported first hides it.
+    code = (
+        "import importlib, pkgutil, trace_rl\n"
+        "for m in pkgutil.walk_packages(trace_rl.__path__, 'trace_rl.'):\n"
+        "    if m.name.endswith('__main__'):\n"
+        "        continue\n"
+        "    try:\n"
+        "        importlib.import_module(m.name)\n"
+        "    except ModuleNotFoundError as exc:  # an optional extra (ray, verl) not installed here\n"
+        "        if (exc.name or '').startswith('trace_rl'):\n"
+        "            raise\n"
+        "import trace_rl.training.loss\n"
+        "clash = sorted(n for n in trace_rl.__all__ if not callable(getattr(trace_rl, n)) and type(getattr(trace_rl, n)).__name__ == 'module')\n"
+        "assert not clash, clash\n"
+        "assert callable(trace_rl.train) and trace_rl.train.__module__ == 'trace_rl.run', trace_rl.train\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
 def test_the_names_users_and_peers_rely_on_are_importable_from_trace_rl():
     from trace_rl import agent
     from trace_rl.core import advantage

@@ -263,9 +263,9 @@ def test_a_long_curve_is_drawn_as_its_trailing_moving_average_and_a_short_one_as
 
 
 def test_a_packed_comparison_reads_and_plots_as_the_plain_one(tmp_path: Path) -> None:
-    """A committed result keeps its run logs in `runs.tar.xz` (`trace_rl.train.rundir.pack_runs`): the same
+    """A committed result keeps its run logs in `runs.tar.xz` (`trace_rl.storage.rundir.pack_runs`): the same
     runs, rows and report as before packing."""
-    from trace_rl.train.rundir import pack_runs
+    from trace_rl.storage.rundir import pack_runs
 
     folder = write_comparison(tmp_path / "cmp")
     runs = find_runs(folder)

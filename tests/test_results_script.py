@@ -13,7 +13,7 @@ import pytest
 from conftest import write_reward_trees
 from repo_files import load
 
-from trace_rl.train.rundir import code_version
+from trace_rl.storage.rundir import code_version
 
 REPO = Path(__file__).resolve().parents[1]
 results = load("scripts/results.py")
@@ -42,7 +42,7 @@ def test_reproduce_reruns_a_run_with_its_own_code_and_finds_its_numbers(tmp_path
                "train.steps=2", "train.eval_every=0", "rollout.budget=8", "prompts_per_step=2", "task.test_tasks=2"]
     subprocess.run(command, env={**os.environ, "PYTHONPATH": str(REPO / "src")}, check=True, capture_output=True, timeout=900)
     assert "+dirty" not in json.loads((run / "code.json").read_text())["commit"]
-    from trace_rl.train.rundir import pack_runs
+    from trace_rl.storage.rundir import pack_runs
 
     pack_runs(tmp_path)  # as committed: its config.yaml, log and code.json read from runs.tar.xz
     assert not (run / "config.yaml").exists()
@@ -54,7 +54,7 @@ def test_reproduce_reruns_a_run_with_its_own_code_and_finds_its_numbers(tmp_path
 
 
 def test_reproduce_refuses_a_run_made_from_uncommitted_changes(tmp_path: Path) -> None:
-    from trace_rl.train.rundir import pack_runs
+    from trace_rl.storage.rundir import pack_runs
 
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "critic/score/mean": 0.5}) + "\n")
     (tmp_path / "config.yaml").write_text("train:\n  eval_every: 0\n")
@@ -73,7 +73,7 @@ def test_export_again_from_the_results_folders_own_config(tmp_path: Path) -> Non
     """Re-exporting a comparison that grew (a run finished) names the exported compare.yaml as its
     config, and re-summarising an exported folder names it as the runs too: copying a file onto
     itself must not fail."""
-    from trace_rl.train.rundir import RunDir
+    from trace_rl.storage.rundir import RunDir
 
     runs, dest = tmp_path / "runs", tmp_path / "results"
     for seed in (0, 1):

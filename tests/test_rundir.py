@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trace_rl.train.rundir import RunDir, latest_per_step, read_metrics
+from trace_rl.storage.rundir import RunDir, latest_per_step, read_metrics
 
 
 def test_a_run_started_again_over_old_lines_reads_as_its_last_attempt(tmp_path):
@@ -72,7 +72,7 @@ def test_tree_files_are_listed_by_step(tmp_path):
 
 
 def test_a_run_folder_records_the_code_it_was_started_with_and_says_when_it_continues_on_other_code(tmp_path, monkeypatch):
-    import trace_rl.train.rundir as rundir
+    import trace_rl.storage.rundir as rundir
 
     folder = RunDir(tmp_path / "run")
     monkeypatch.setattr(rundir, "code_version", lambda: {"trace_rl": "0.1.0", "commit": "aaa"})
@@ -89,7 +89,7 @@ def test_a_run_folder_records_the_code_it_was_started_with_and_says_when_it_cont
 def test_code_version_names_this_checkout_s_commit():
     import subprocess
 
-    from trace_rl.train.rundir import code_version
+    from trace_rl.storage.rundir import code_version
 
     head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip()
     commit = code_version()["commit"]
@@ -102,7 +102,7 @@ def test_packed_run_files_read_as_the_plain_ones_and_pack_to_the_same_bytes_each
     import os
     import tarfile
 
-    from trace_rl.train.rundir import (
+    from trace_rl.storage.rundir import (
         PACKED,
         RunDirError,
         pack_runs,

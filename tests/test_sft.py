@@ -16,8 +16,8 @@ from trace_rl.agent.tasks.multihop import RELATIONS, read_fact
 from trace_rl.models import TinyConfig, load_policy, token_logprobs
 from trace_rl.rollout.collector import encode_prompt
 from trace_rl.run import RunConfig, build_env
-from trace_rl.train import sft
-from trace_rl.train.sft import (
+from trace_rl.training import sft
+from trace_rl.training.sft import (
     SFTConfig,
     bucket_pack,
     copy_ready_init,

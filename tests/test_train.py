@@ -27,8 +27,8 @@ from trace_rl.run import (
     build_trainer,
     lora_spec,
 )
-from trace_rl.train.rundir import RunDir
-from trace_rl.train.trainer import StopRequest, held_out_accuracy
+from trace_rl.storage.rundir import RunDir
+from trace_rl.training.trainer import StopRequest, held_out_accuracy
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL_TINY = TinyConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, vocab_size=512)

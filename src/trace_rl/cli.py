@@ -27,7 +27,7 @@ from trace_rl.agent.sandbox import SandboxUnavailable
 from trace_rl.infra.config import ConfigError
 
 if TYPE_CHECKING:
-    from trace_rl.train.trainer import StopRequest
+    from trace_rl.training.trainer import StopRequest
 
 
 def _out_file(path: str) -> Path:
@@ -160,7 +160,7 @@ def _warm_start(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from trace_rl.train.rundir import RunDir
+    from trace_rl.storage.rundir import RunDir
 
     folder = args.resume or args.out
     if folder and Path(folder).is_dir():  # a second writer refuses now, not after seconds of imports
@@ -173,8 +173,8 @@ def _train_locked(args: argparse.Namespace) -> int:
     from trace_rl.infra.config import load_config
     from trace_rl.infra.progress import progress_bar
     from trace_rl.run import RunConfig, headline, load_run_config, train_run
-    from trace_rl.train.rundir import RunDir
-    from trace_rl.train.trainer import StopRequest
+    from trace_rl.storage.rundir import RunDir
+    from trace_rl.training.trainer import StopRequest
 
     if args.resume:
         run_dir = Path(args.resume)
@@ -201,7 +201,7 @@ def _train_locked(args: argparse.Namespace) -> int:
 
 
 def _resume_hint(run_dir: Path) -> str:
-    from trace_rl.train.rundir import RunDir
+    from trace_rl.storage.rundir import RunDir
 
     folder = RunDir(run_dir)
     if not folder.config_path.is_file():
@@ -216,7 +216,7 @@ def _compare(args: argparse.Namespace) -> int:
     from trace_rl.infra.progress import progress_bar, warm_start_progress
     from trace_rl.research.compare import CompareConfig, run_compare, summary_table
     from trace_rl.run import check_trainable, policy_source
-    from trace_rl.train.trainer import StopRequest
+    from trace_rl.training.trainer import StopRequest
 
     config = load_config(CompareConfig, args.config, args.overrides)
     check_trainable(config.run)
@@ -255,7 +255,7 @@ def _train_compare_run(run, run_dir, stop=None, bar=None) -> None:
     """One comparison run; a run cut short earlier continues from its checkpoint (or its step 0)."""
     from trace_rl.infra.progress import progress_bar
     from trace_rl.run import train_run
-    from trace_rl.train.rundir import RunDir
+    from trace_rl.storage.rundir import RunDir
 
     if bar is None:  # a worker process: plain lines (the workers share one terminal), one a minute
         with progress_bar(plain=True, log_every_s=60.0) as lines:
@@ -407,7 +407,7 @@ def _warnings_as_lines(command: str) -> Iterator[None]:
     """Run-folder and task-file warnings (a checkpoint skipped, a config kept, task ids made unique) as one
     `trace-rl CMD: warning:` line each."""
     from trace_rl.agent.tasks.loaders import TaskFileWarning
-    from trace_rl.train.rundir import RunDirWarning
+    from trace_rl.storage.rundir import RunDirWarning
 
     show = warnings.showwarning
 

@@ -57,9 +57,9 @@ from trace_rl.rollout.collector import (
     TreeRolloutCollector,
     encode_prompt,
 )
-from trace_rl.train.rundir import RunDir, RunDirError, RunDirWarning
-from trace_rl.train.sft import SFTConfig, warm_start
-from trace_rl.train.trainer import (
+from trace_rl.storage.rundir import RunDir, RunDirError, RunDirWarning
+from trace_rl.training.sft import SFTConfig, warm_start
+from trace_rl.training.trainer import (
     StopRequest,
     TrainConfig,
     Trainer,

@@ -518,8 +518,8 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
 
 # ---------------------------------------------------------------- the run config
 # Sections that belong to one component are declared beside it (RolloutConfig in rollout/collector.py,
-# PredictorConfig in predictor/hashed.py, SFTConfig in train/sft.py, TrainConfig in
-# train/trainer.py); the run-level ones are here.
+# PredictorConfig in predictor/hashed.py, SFTConfig in training/sft.py, TrainConfig in
+# training/trainer.py); the run-level ones are here.
 
 
 @dataclass

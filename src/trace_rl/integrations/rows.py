@@ -6,7 +6,7 @@ a tree is handed over as one row per leaf (trees in order, leaves by id):
 - `prompt_ids` = the root's tokens; `completion_ids` = every token after them on the leaf's path
   (policy turns and observations); `logprobs` = the behaviour log-probs (0 on observations);
 - `train_mask` is 1 exactly on the tokens the row trains: the policy tokens of the nodes it owns
-  (`trace_rl.train.sequences.tree_sequences`: a node belongs to the row of the first leaf below it).
+  (`trace_rl.training.sequences.tree_sequences`: a node belongs to the row of the first leaf below it).
   It is 0 on observations and on the copies of a shared prefix that another row owns, so each node's
   tokens enter a token-mean loss once, as in trace-rl's own update (the `trace` estimator gives every
   node weight 1), not once per leaf below the node;
@@ -26,7 +26,7 @@ import numpy as np
 
 from trace_rl.core.advantage import NodeAdvantages
 from trace_rl.core.tree import RolloutTree
-from trace_rl.train.sequences import tree_sequences
+from trace_rl.training.sequences import tree_sequences
 
 ADVANTAGES = "trace_advantages"
 """Row field: the tree advantage of every completion token (0 where the row does not train it)."""

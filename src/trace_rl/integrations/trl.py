@@ -67,7 +67,7 @@ from trace_rl.planning.metrics import predictor_metrics, rollout_metrics
 from trace_rl.predictor.base import backup_targets
 from trace_rl.rollout.collector import RolloutBatch, TreeRolloutCollector
 from trace_rl.run import Parts, RunConfig
-from trace_rl.train.rundir import atomic_write, checkpoint_data
+from trace_rl.storage.rundir import atomic_write, checkpoint_data
 
 CHECKPOINTING = "activation_checkpointing" if "activation_checkpointing" in GRPOConfig.__dataclass_fields__ else "gradient_checkpointing"
 """Recent transformers 5 releases (5.24 here) call it `activation_checkpointing` and warn whenever the old

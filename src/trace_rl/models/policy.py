@@ -15,7 +15,7 @@ Optional LoRA adapters come from `peft`.
 
 Also here: `score` / `token_logprobs`, teacher-forced log-probs of given tokens under a model,
 the quantity the engines report for sampled tokens (see `trace_rl.engine.base`). The same log-probs
-for rollout trees packed one node after another are the trainer's (`trace_rl.train.tree_attention`);
+for rollout trees packed one node after another are the trainer's (`trace_rl.training.tree_attention`);
 the SmolLM2 GGUF conversion is `trace_rl.models.smollm2`, the cache folders `trace_rl.models.cache`.
 """
 

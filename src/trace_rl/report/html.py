@@ -27,7 +27,7 @@ from trace_rl.report.plots import (
 )
 from trace_rl.report.viewer import ViewerLimits, viewer_data, viewer_section
 from trace_rl.rollout.collector import RolloutConfig
-from trace_rl.train.rundir import RunDir, atomic_write, read_run_file, run_file_exists
+from trace_rl.storage.rundir import RunDir, atomic_write, read_run_file, run_file_exists
 
 HEADLINE_KEYS = (
     "critic/score/mean",

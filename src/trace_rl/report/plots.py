@@ -1,7 +1,7 @@
 """Training curves as PNG files: one line per method, the mean over its seeds with a min–max band.
 
 Input is one or more run folders (`metrics.jsonl`, one JSON object a line with `step`, or its copy packed
-in a committed result's `runs.tar.xz`: `trace_rl.train.rundir.read_run_file`). Lines that
+in a committed result's `runs.tar.xz`: `trace_rl.storage.rundir.read_run_file`). Lines that
 share a step are merged, later lines winning, so a resumed run or a separate eval line for the same
 step reads as one row. A key a run never logged (an older version, a method without a predictor) is
 simply absent from the figures; a figure with no data at all is not written.
@@ -23,7 +23,7 @@ from typing import Any, Literal
 import numpy as np
 
 from trace_rl.planning.methods import METHODS
-from trace_rl.train.rundir import (
+from trace_rl.storage.rundir import (
     START,
     atomic_write,
     read_metrics,

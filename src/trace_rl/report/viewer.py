@@ -42,7 +42,7 @@ import numpy as np
 
 from trace_rl.core.tree import RolloutTree, read_jsonl, subtree_rewards
 from trace_rl.planning.metrics import tree_metrics
-from trace_rl.train.rundir import RunDir, atomic_write
+from trace_rl.storage.rundir import RunDir, atomic_write
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,8 @@ from trace_rl.infra.config import (
 )
 from trace_rl.planning.methods import METHODS
 from trace_rl.run import RunConfig
-from trace_rl.train.rundir import START, RunDir, atomic_write
-from trace_rl.train.trainer import StopRequest
+from trace_rl.storage.rundir import START, RunDir, atomic_write
+from trace_rl.training.trainer import StopRequest
 
 Job = Callable[[RunConfig, Path, "StopRequest | None"], None]
 """`job(run, run_dir, stop)`: train (or evaluate) one run into `run_dir`, stopping at a step boundary

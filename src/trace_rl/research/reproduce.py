@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from trace_rl.train.rundir import read_metrics
+from trace_rl.storage.rundir import read_metrics
 
 
 @contextmanager

@@ -33,7 +33,7 @@ import numpy as np
 from trace_rl.core.advantage import get_estimator
 from trace_rl.core.tree import RolloutTree, read_jsonl
 from trace_rl.planning.methods import METHODS
-from trace_rl.train.rundir import RunDir
+from trace_rl.storage.rundir import RunDir
 
 BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 """Edges of the calibration bins of a prefix's predicted chance of a flip."""

@@ -32,7 +32,7 @@ import yaml
 from trace_rl.report.plots import RunMetrics, load_run
 from trace_rl.research.compare import t975
 from trace_rl.research.stage2_probe import PROBE_COLUMNS, finite_mean, probe_markdown
-from trace_rl.train.rundir import (
+from trace_rl.storage.rundir import (
     START,
     RunDir,
     read_run_file,

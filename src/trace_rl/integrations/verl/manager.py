@@ -64,7 +64,7 @@ from trace_rl.planning.metrics import predictor_metrics, rollout_metrics
 from trace_rl.predictor.base import backup_targets
 from trace_rl.rollout.collector import TreeRolloutCollector
 from trace_rl.run import RunConfig, build_env, build_predictor, task_splits
-from trace_rl.train.rundir import RunDir
+from trace_rl.storage.rundir import RunDir
 
 logger = logging.getLogger(__name__)
 

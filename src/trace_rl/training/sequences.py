@@ -16,7 +16,7 @@ Two layouts of the same sequences (`TrainConfig.update`):
   are recomputed as context in every leaf's row;
 - packed (`pack_tree`, `pack_batch`): the sequences of one tree become one packed row holding each
   node's tokens once, nodes in id order, each node's tokens contiguous. Every token keeps the position
-  it has on its own root-to-node path, and `trace_rl.train.tree_attention.packed_token_logprobs` lets it attend to
+  it has on its own root-to-node path, and `trace_rl.training.tree_attention.packed_token_logprobs` lets it attend to
   exactly the tokens before it on that path (its own node up to itself and all of its ancestors), so it
   sees the context it was sampled in. A target token t at path position p of sequence s is predicted
   from the packed copy of the token at position p-1 of s (for a node's first token: the last token of
@@ -173,7 +173,7 @@ class TreePack:
 
 @dataclass
 class PackedBatch:
-    """Packs side by side in one row: the input of `trace_rl.train.tree_attention.packed_token_logprobs`."""
+    """Packs side by side in one row: the input of `trace_rl.training.tree_attention.packed_token_logprobs`."""
 
     input_ids: torch.Tensor  # (1, N) long
     position_ids: torch.Tensor  # (1, N) long

@@ -42,9 +42,9 @@ from trace_rl.models import (
 )
 from trace_rl.models.cache import atomic_folder
 from trace_rl.rollout.collector import encode_observation, encode_prompt
-from trace_rl.train.rundir import atomic_write
-from trace_rl.train.sequences import pad_right
-from trace_rl.train.tree_attention import packed_token_logprobs, supports_packed
+from trace_rl.storage.rundir import atomic_write
+from trace_rl.training.sequences import pad_right
+from trace_rl.training.tree_attention import packed_token_logprobs, supports_packed
 
 _RECIPE_VERSION = 3  # bump when the recipe changes in a way the cache key does not see (3: copy_ready_init)
 
@@ -86,7 +86,7 @@ class SFTConfig:
     """Longer demonstrations are cut (their tail is not trained)."""
     packing: bool = True
     """Each batch as one packed row (`packed_nll`: the shared system prompt once, no padding), where the
-    model supports it (`trace_rl.train.tree_attention.supports_packed`); the same loss and gradients as right-padded
+    model supports it (`trace_rl.training.tree_attention.supports_packed`); the same loss and gradients as right-padded
     rows up to float rounding. For the tiny policy on 2 cores: 28% fewer tokens through the model (but
     more, smaller attention calls), 1.13x faster over 100 steps of `benchmarks/warm_start_speed.py`
     (0.70 -> 0.62 s a step), 1.4x in a 200-step probe. `false`: right-padded rows (`masked_nll`), the

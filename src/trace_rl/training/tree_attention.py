@@ -4,7 +4,7 @@ root-to-leaf path, computed with every shared node once.
 `packed_token_logprobs` runs a packed row (nodes one after another, positions along their own paths)
 through the model with an attention function registered with transformers' `AttentionInterface`, in
 which each node's queries see only its ancestors' tokens and its own (causally). The trainer's packed
-update (`trace_rl.train.sequences` builds the rows) and the warm start use it; `supports_packed`
+update (`trace_rl.training.sequences` builds the rows) and the warm start use it; `supports_packed`
 checks a model against the plain per-path computation once.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from trace_rl.models.policy import token_logprobs
-from trace_rl.train.sequences import in_loss, micro_batches, pack_batch, pack_tree, pad_batch, tree_groups
+from trace_rl.training.sequences import in_loss, micro_batches, pack_batch, pack_tree, pad_batch, tree_groups
 
 TREE_ATTENTION = "trace_rl_tree"
 """The name `packed_token_logprobs` registers its attention function under (transformers' `AttentionInterface`)."""

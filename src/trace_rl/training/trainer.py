@@ -8,7 +8,7 @@ One step, in the order of the paper:
     predictor  ← tree backup targets                       # serves allocation only
 
 Every step appends one line to the run folder's `metrics.jsonl` and writes its trees
-(`trace_rl.train.rundir`); checkpoints hold everything needed to continue bit-for-bit (policy, optimiser,
+(`trace_rl.storage.rundir`); checkpoints hold everything needed to continue bit-for-bit (policy, optimiser,
 predictor, every RNG, counters), written atomically, so a killed run resumes from its last
 checkpoint and reaches the same numbers. After every update the engine receives the new weights
 (`Engine.update_weights`), and each step logs the version it sampled from (`rollout/weight_version`).
@@ -40,9 +40,9 @@ from trace_rl.planning.metrics import predictor_metrics, rollout_metrics, tree_m
 from trace_rl.predictor.base import SuccessPredictor, backup_targets
 from trace_rl.predictor.baselines import ReferencePredictors
 from trace_rl.rollout.collector import TreeRolloutCollector
-from trace_rl.train.loss import policy_loss
-from trace_rl.train.rundir import RunDir
-from trace_rl.train.sequences import (
+from trace_rl.training.loss import policy_loss
+from trace_rl.storage.rundir import RunDir
+from trace_rl.training.sequences import (
     TrainSequence,
     in_loss,
     loss_denominator,
@@ -53,7 +53,7 @@ from trace_rl.train.sequences import (
     tree_groups,
     tree_sequences,
 )
-from trace_rl.train.tree_attention import packed_token_logprobs, supports_packed
+from trace_rl.training.tree_attention import packed_token_logprobs, supports_packed
 
 
 @dataclass
@@ -540,7 +540,7 @@ class Trainer:
 
         Only data, so it loads with `weights_only=True`: tensors (weights, optimiser moments, the torch
         RNG), numpy RNG states as their JSON-compatible dicts, counters as numbers; the predictor's
-        numpy arrays are stored as tensors (`trace_rl.train.rundir.checkpoint_data`).
+        numpy arrays are stored as tensors (`trace_rl.storage.rundir.checkpoint_data`).
         """
         state = {
             "step": self.step,
