@@ -175,7 +175,7 @@ def test_tool_crashes_are_recorded_and_scorer_bugs_raise():
         env = make_env()
         env.scorer = bad
         env.reset(TASKS[0])
-        with pytest.raises(ValueError, match="expected a float in"):
+        with pytest.raises(ValueError, match=r"returns a real number in \[0, 1\]"):
             env.step("<answer>Norway</answer>")
 
 

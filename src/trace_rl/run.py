@@ -22,7 +22,7 @@ import numpy as np
 from trace_rl.agent.agents import worked_examples
 from trace_rl.agent.env import ENV_METHODS, Env, ToolEnv, protocol_gaps
 from trace_rl.agent.protocol import WorkedExample
-from trace_rl.agent.scoring import score
+from trace_rl.agent.scoring import dry_run_reward, score
 from trace_rl.agent.tasks import (
     TASKSETS,
     available_tasksets,
@@ -492,7 +492,12 @@ def check_trainable(config: RunConfig) -> None:
     demonstrations to learn from (in an env it can write them for), and BRACE's certified exclusion
     leaves a task to train on (before any work, before the run folder is made)."""
     splits = functools.cache(lambda: task_splits(config))  # loaded once, and only when a check below needs the tasks
-    if config.model.warm_start and (config.task.name.startswith("file:") or is_reference(config.task.name)):
+    own_tasks = config.task.name.startswith("file:") or is_reference(config.task.name)
+    if own_tasks:  # the user's reward, called once on the first training task (RewardError: one line)
+        train = splits()[1]
+        if train.tasks:
+            dry_run_reward(train.tasks[0])
+    if config.model.warm_start and own_tasks:
         demos = splits()[0]
         if demos.oracle is None:
             raise ConfigError(

@@ -17,7 +17,6 @@ our tools are deterministic and stateless, so replay reproduces the observations
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
@@ -318,10 +317,9 @@ class ToolEnv:
         return self._done
 
     def _score(self, task: Task, answer: str) -> float:
-        reward = self.scorer(task, answer)
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward) or not 0.0 <= reward <= 1.0:
-            raise ValueError(f"scorer returned {reward!r} for task {task.task_id!r}; expected a float in [0, 1]")
-        return float(reward)
+        from trace_rl.agent.scoring import call_reward
+
+        return call_reward(self.scorer, task, answer)
 
     def _cut(self, text: str) -> tuple[str, bool]:
         if len(text) <= self.max_observation_chars:
@@ -382,7 +380,7 @@ def default_scorer(task: Task, answer: str) -> float:
     """Score with the function `task.scorer` names in `trace_rl.agent.scoring.SCORERS`."""
     from trace_rl.agent.scoring import score
 
-    return float(score(task, answer))
+    return score(task, answer)
 
 
 __all__ = ["ENV_METHODS", "Env", "EnvSnapshot", "Scorer", "StepInfo", "StepResult", "ToolEnv", "check_env", "default_scorer", "protocol_gaps"]

@@ -14,15 +14,20 @@ from __future__ import annotations
 
 import difflib
 import functools
+import inspect
 import json
 import math
+import numbers
 import re
 import string
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from trace_rl.agent.types import Task
+from trace_rl.infra.config import ConfigError
 from trace_rl.infra.references import is_reference, resolve
 
 _PUNCTUATION = frozenset(string.punctuation)
@@ -279,13 +284,53 @@ SCORERS: dict[str, Callable[[Task, str], float]] = {
 }
 
 
+class RewardError(ConfigError):
+    """A reward function that cannot be called as `reward(task, answer)` or returned something other
+    than a real number in [0, 1]: one line naming the function, its file and line, and what it must do."""
+
+
+_CONTRACT = "a reward takes (task, answer) and returns a real number in [0, 1]"
+
+
+def describe_function(fn: Any) -> str:
+    """`name (file.py:line)` of a user's function, for one-line errors (its repr where it has no code)."""
+    code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__call__", None), "__code__", None)
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    return f"{name} ({code.co_filename}:{code.co_firstlineno})" if code is not None else str(name)
+
+
+def check_reward_signature(fn: Any, name: str) -> None:
+    """Refuse a scorer that cannot be called as `fn(task, answer)` (RewardError, one line)."""
+    if not callable(fn):
+        raise RewardError(f"scorer {name!r} is {type(fn).__name__}, not a function: {_CONTRACT}")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: its first call tells
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        raise RewardError(f"scorer {name!r} = {describe_function(fn)} has the signature {signature}: {_CONTRACT}") from None
+
+
+def checked_reward(value: Any, fn: Any, task: Task) -> float:
+    """`value`, what the reward `fn` returned for `task`, as a float if it is a real number in [0, 1]
+    (a bool, an int and numpy's scalars count); RewardError naming `fn` otherwise."""
+    if isinstance(value, (numbers.Real, np.bool_)):
+        reward = float(value)
+        if math.isfinite(reward) and 0.0 <= reward <= 1.0:
+            return reward
+    raise RewardError(f"the reward {describe_function(fn)} returned {value!r} ({type(value).__name__}) for task "
+                      f"{task.task_id!r}: {_CONTRACT}")
+
+
 def get_scorer(name: str) -> Callable[[Task, str], float]:
     """The scorer registered under `name`, or the function a `module:function` reference names (a user's
-    reward, `trace_rl.infra.references`); a miss raises ValueError suggesting the closest name."""
+    reward, `trace_rl.infra.references`), checked to take (task, answer); a miss raises ValueError
+    suggesting the closest name."""
     if is_reference(name):
         fn = _resolved(name)
-        if not callable(fn):
-            raise ValueError(f"scorer {name!r} is not a function: it must take (task, answer) and return a float in [0, 1]")
+        check_reward_signature(fn, name)
         return fn
     if name not in SCORERS:
         close = difflib.get_close_matches(name, SCORERS, n=1)
@@ -299,11 +344,38 @@ def _resolved(name: str) -> Any:
     return resolve(name, "scorer")
 
 
+def call_reward(fn: Callable[[Task, str], Any], task: Task, answer: str) -> float:
+    """A user's reward `fn(task, answer)`, checked (`checked_reward`); an exception it raises becomes a
+    RewardError naming it, the task and the answer (a reward must take any text a model writes)."""
+    try:
+        value = fn(task, answer)
+    except RewardError:
+        raise
+    except Exception as exc:
+        shown = answer if len(answer) <= 60 else answer[:57] + "..."
+        raise RewardError(f"the reward {describe_function(fn)} raised {type(exc).__name__}: {exc} for task {task.task_id!r} "
+                          f"and the answer {shown!r}: a reward must take any text a model writes") from exc
+    return checked_reward(value, fn, task)
+
+
 def score(task: Task, answer: str) -> float:
-    """The task's reward for a final answer: `SCORERS[task.scorer](task, answer)`, a float in [0, 1]."""
+    """The task's reward for a final answer: `SCORERS[task.scorer](task, answer)`, a float in [0, 1].
+    A user's reward (`module:function`) is called through `call_reward`: whatever goes wrong in it is
+    one line naming it."""
     if not isinstance(answer, str):
         raise TypeError(f"answer must be a str, got {type(answer).__name__}")
-    return get_scorer(task.scorer)(task, answer)
+    fn = get_scorer(task.scorer)
+    if is_reference(task.scorer):
+        return call_reward(fn, task, answer)
+    return checked_reward(fn(task, answer), fn, task)
+
+
+def dry_run_reward(task: Task) -> None:
+    """Call the task's reward once on an empty answer and once on its first gold answer, before any run:
+    a reward of the wrong shape, or one that fails on text a model may write, is one line now rather
+    than a traceback during the warm start."""
+    for answer in ("", *task.answers[:1]):
+        score(task, str(answer))
 
 
 def answer_metrics(task: Task, answer: str) -> dict[str, float]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_rl.agent.protocol import ANSWER, ToolCall
+from trace_rl.agent.scoring import check_reward_signature, get_scorer
 from trace_rl.agent.tasks.loaders import (
     RowRef,
     TaskFileError,
@@ -70,7 +71,10 @@ def task_set(
         raise ValueError(f"task set {name!r} has no test split: give test_records, test_share (a held-out share of the "
                          "questions) or test_on_train=True (evaluate on the training questions, said explicitly)")
     built = {tool.name: tool for tool in (t if isinstance(t, Tool) else Tool.from_function(t) for t in tools)}
+    if callable(scorer):
+        check_reward_signature(scorer, getattr(scorer, "__name__", repr(scorer)))
     score_name = scorer if isinstance(scorer, str) else reference_of(scorer, "scorer")
+    get_scorer(score_name)  # an unknown name or a reward of the wrong shape: one line now, not at the first rollout
     source = records if split == "train" or test_records is None else test_records
     tasks = _tasks(source, name, score_name, tuple(built))
     if test_share is not None:
