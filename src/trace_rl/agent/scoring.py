@@ -20,6 +20,7 @@ import math
 import numbers
 import re
 import string
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -51,12 +52,13 @@ _FRACTION = re.compile(  # LaTeX \frac{a}{b} (also \dfrac, \tfrac) or a plain a/
 
 
 def normalize_answer(s: str) -> str:
-    """Lower-case, drop ASCII punctuation, drop the articles a/an/the, collapse whitespace (HotpotQA).
+    """Unicode NFC, lower-case, drop ASCII punctuation, drop the articles a/an/the, collapse whitespace
+    (HotpotQA's, after NFC).
 
     >>> normalize_answer("The  Eiffel Tower!")
     'eiffel tower'
     """
-    text = s.lower()
+    text = unicodedata.normalize("NFC", s).lower()  # "café" typed as e + combining accent is "café"
     text = "".join(ch for ch in text if ch not in _PUNCTUATION)
     text = _ARTICLES.sub(" ", text)
     return " ".join(text.split())

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import unicodedata
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -665,19 +666,27 @@ def _held_out(path: Path, split: str, test_file: str | Path | None, test_share: 
     return given[0] if given else None
 
 
+def question_key(question: str) -> str:
+    """What makes two questions the same one for a train/test split: Unicode NFKC, case folded, without
+    whitespace ("Q1?" and "q1 ?" are one question; so would "a bc" and "ab c" be, which errs on the side
+    of keeping a test question out of training)."""
+    return "".join(unicodedata.normalize("NFKC", question).casefold().split())
+
+
 def _share_split(tasks: list[Task], share: float, seed: int, path: Path) -> tuple[list[Task], list[Task]]:
-    """(train, test) tasks, test a seeded `share` of the distinct questions; a question repeated in the
-    file lands on one side only, so no test question is also a training question. File order is kept."""
+    """(train, test) tasks, test a seeded `share` of the distinct questions (`question_key`); a question
+    repeated in the file lands on one side only, so no test question is also a training question. File
+    order is kept."""
     import numpy as np
 
-    groups = list(dict.fromkeys(" ".join(t.question.split()) for t in tasks))
+    groups = list(dict.fromkeys(question_key(t.question) for t in tasks))
     count = round(share * len(groups))
     if not 1 <= count <= len(groups) - 1:
         raise TaskFileError(f"file:{path}: test_share={share} of {len(groups)} distinct questions holds out {count}, "
                             f"leaving {len(groups) - count} to train; each side needs at least one question")
     held = {groups[i] for i in np.random.default_rng(seed).permutation(len(groups))[:count]}
-    train = [t for t in tasks if " ".join(t.question.split()) not in held]
-    test = [t for t in tasks if " ".join(t.question.split()) in held]
+    train = [t for t in tasks if question_key(t.question) not in held]
+    test = [t for t in tasks if question_key(t.question) in held]
     return train, test
 
 

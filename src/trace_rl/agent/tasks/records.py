@@ -28,6 +28,7 @@ from trace_rl.agent.tasks.loaders import (
     _read_rows,
     _rows_as_objects,
     _share_split,
+    question_key,
     tasks_from_records,
     unique_ids,
 )
@@ -70,19 +71,44 @@ def task_set(
     if split == "test" and not any(given):
         raise ValueError(f"task set {name!r} has no test split: give test_records, test_share (a held-out share of the "
                          "questions) or test_on_train=True (evaluate on the training questions, said explicitly)")
+    if num_tasks is not None and (isinstance(num_tasks, bool) or not isinstance(num_tasks, int) or num_tasks < 1):
+        raise ValueError(f"num_tasks must be a whole number >= 1 (or None: every row), got {num_tasks!r}")
+    if test_share is not None and (isinstance(test_share, bool) or not isinstance(test_share, (int, float))
+                                   or not 0.0 < float(test_share) < 1.0):
+        raise ValueError(f"test_share must be a number between 0 and 1 (the held-out share of the questions), got {test_share!r}")
+    for tool in tools:
+        if isinstance(tool, str):
+            raise ValueError(f"tools=[{tool!r}, ...]: in Python give the tool functions themselves (or trace_rl.Tool "
+                             "objects); names of bundled tools go in a config's task.options.tools")
+        if not (isinstance(tool, Tool) or callable(tool)):
+            raise ValueError(f"tools: {tool!r} is not a function or a trace_rl.Tool")
     built = {tool.name: tool for tool in (t if isinstance(t, Tool) else Tool.from_function(t) for t in tools)}
     if callable(scorer):
         check_reward_signature(scorer, getattr(scorer, "__name__", repr(scorer)))
     score_name = scorer if isinstance(scorer, str) else reference_of(scorer, "scorer")
     get_scorer(score_name)  # an unknown name or a reward of the wrong shape: one line now, not at the first rollout
-    source = records if split == "train" or test_records is None else test_records
-    tasks = _tasks(source, name, score_name, tuple(built))
+    tasks = _tasks(records, name, score_name, tuple(built))
+    if test_records is not None:  # both sides read, so that no test row is a training row
+        test = _tasks(test_records, name, score_name, tuple(built))
+        _check_held_out(tasks, test, name)
+        tasks = test if split == "test" else tasks
     if test_share is not None:
         train, test = _share_split(tasks, float(test_share), seed, Path(name))
         tasks = test if split == "test" else train
     if oracle is None and demonstrations is not None:
         oracle = replay(demonstrations)
     return TaskSet(name=name, tasks=tasks[:num_tasks], oracle=oracle, tools=built, meta={"split": split, "source": "records"})
+
+
+def _check_held_out(train: list[Task], test: list[Task], name: str) -> None:
+    """Refuse test rows that are training rows (the same question up to case, spacing and Unicode form,
+    `question_key`): a held-out accuracy measured on them would be a training accuracy."""
+    seen = {question_key(task.question) for task in train}
+    shared = [task for task in test if question_key(task.question) in seen]
+    if shared:
+        raise ValueError(f"task set {name!r}: {len(shared)} of its {len(test)} test_records are training rows too "
+                         f"(e.g. {shared[0].question[:80]!r}); held-out rows must not be trained on (test_on_train=True "
+                         "says so explicitly if that is what you want)")
 
 
 def _tasks(records: Records, name: str, scorer: str, tool_names: tuple[str, ...]) -> list[Task]:
