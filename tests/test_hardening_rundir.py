@@ -231,6 +231,25 @@ def test_ctrl_c_stops_a_parallel_compare_after_each_runs_step_and_the_same_comma
     assert set(json.loads((out / "summary.json").read_text())["methods"]) == {"grpo", "trace"}
 
 
+def test_a_one_worker_compare_says_where_it_is_during_the_warm_start_and_the_start_evaluation(tmp_path):
+    import yaml
+
+    # a fresh cache, so the warm start runs here; stderr is a pipe, so progress comes as plain lines
+    env = {**os.environ, "TRACE_RL_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(REPO / "src")}
+    config = yaml.safe_load(compare_config(tmp_path).read_text())
+    config.update(workers=1, evaluate_start=True, methods=["grpo"])
+    config["run"]["train"]["steps"] = 1
+    config["run"]["sft"] = {**config["run"].get("sft", {}), "steps": 4, "demos": 8}
+    path = tmp_path / "one_worker.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = trace_rl(env, "compare", "--config", str(path), "--out", str(tmp_path / "cmp"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stderr.splitlines()
+    warm = [i for i, line in enumerate(lines) if line.startswith("warm start: 4/4")]
+    start = [i for i, line in enumerate(lines) if line.startswith("react seed_0: the starting policy:") and "done" in line]
+    assert warm and start and warm[0] < start[0], result.stderr[-3000:]
+
+
 def test_a_second_sigterm_stops_a_parallel_compare_at_once_and_exit_143(env, tmp_path):
     out = tmp_path / "cmp"
     process = start(env, "compare", "--config", str(compare_config(tmp_path)), "--out", str(out))

@@ -214,7 +214,7 @@ def _resume_hint(run_dir: Path) -> str:
 def _compare(args: argparse.Namespace) -> int:
     from trace_rl.infra.config import load_config
     from trace_rl.infra.progress import progress_bar, warm_start_progress
-    from trace_rl.research.compare import CompareConfig, run_compare, summary_table
+    from trace_rl.research.compare import CompareConfig, evaluate_starting_policy, run_compare, summary_table
     from trace_rl.run import check_trainable, policy_source
     from trace_rl.training.trainer import StopRequest
 
@@ -224,10 +224,10 @@ def _compare(args: argparse.Namespace) -> int:
     stop = StopRequest()
     again = f"run the same command again to continue: trace-rl compare --config {args.config} --out {args.out}"
     try:
+        with _signals(), progress_bar() as bar:  # the warm starts, each made once before any run or evaluation
+            for start in config.start_configs():
+                policy_source(start, progress=warm_start_progress(bar, start.sft.steps))
         if config.workers > 1:
-            with _signals(), progress_bar() as bar:  # the warm starts, each made once before the runs fan out
-                for start in config.start_configs():
-                    policy_source(start, progress=warm_start_progress(bar, start.sft.steps))
             starts = f" after {len(config.seeds)} evaluations of the starting policy" if config.evaluate_start else ""
             print(f"training {len(config.methods) * len(config.seeds)} runs{starts}, {config.workers} at a time (finished ones are skipped); "
                   f"each run says where it is in a line a minute and logs its steps to its metrics.jsonl", file=sys.stderr)
@@ -237,8 +237,17 @@ def _compare(args: argparse.Namespace) -> int:
             def train_one(run, run_dir, stop):
                 _train_compare_run(run, run_dir, stop, bar=bar)
 
+            def evaluate_one(run, run_dir, stop):
+                task = bar.task(f"{run_dir.parent.name} {run_dir.name}: the starting policy", total=1)
+
+                def progress(done: int, total: int) -> None:
+                    bar.set_total(task, total)
+                    bar.update(task, done, {})
+
+                evaluate_starting_policy(run, run_dir, stop, progress=progress)
+
             with _signals(stop), progress_bar() as bar:
-                summary = run_compare(config, args.out, train_one, stop=stop)
+                summary = run_compare(config, args.out, train_one, evaluate_one, stop=stop)
     except Stopped as exc:
         print(f"trace-rl compare: stopped by {exc} at once (each run keeps its last checkpoint); {again}", file=sys.stderr)
         return 128 + exc.signum

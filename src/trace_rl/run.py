@@ -684,9 +684,16 @@ def policy_source(
     return str(warm_start(config.model.name, demos, env if isinstance(env, ToolEnv) else demo_env(config, demos), config.sft, tiny=tiny, progress=progress))
 
 
-def evaluate_policy(config: RunConfig, run_dir: str | Path | None = None, *, samples: int | None = None) -> dict[str, Any]:
+def evaluate_policy(
+    config: RunConfig,
+    run_dir: str | Path | None = None,
+    *,
+    samples: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
     """Held-out accuracy of a run's newest readable checkpoint (or, without `run_dir`, of its starting
-    policy). The checkpoint is read first, so a refused or missing one stops before any model is built."""
+    policy). The checkpoint is read first, so a refused or missing one stops before any model is built.
+    `progress(done, total)` hears the evaluation's rollouts (`held_out_accuracy`)."""
     state = RunDir(run_dir).load_checkpoint() if run_dir is not None else None
     parts = build_parts(config)
     step = 0
@@ -694,7 +701,7 @@ def evaluate_policy(config: RunConfig, run_dir: str | Path | None = None, *, sam
         parts.policy.model.load_state_dict(state["model"])
         step = int(state["step"])
     samples = config.train.eval_samples if samples is None else samples
-    figures = held_out_accuracy(parts.collector, parts.test.tasks, samples)
+    figures = held_out_accuracy(parts.collector, parts.test.tasks, samples, progress)
     return {"step": step, "tasks": len(parts.test.tasks), "samples": samples, **figures}
 
 

@@ -48,6 +48,11 @@ class Bars:
         if self.log is not None:
             self._log_line(task, completed, text)
 
+    def set_total(self, task: TaskID, total: int) -> None:
+        """Change what the task counts to (an evaluation learns its number of rollouts when it starts)."""
+        self.progress.update(task, total=total)
+        self._tasks[task]["total"] = total
+
     def note(self, task: TaskID, text: str) -> None:
         """Says what the task is doing now (a step's rollouts, an evaluation's progress) beside its bar,
         so a long phase inside one step is visible; in a log, at most one line every `log_every_s`."""

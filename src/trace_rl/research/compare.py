@@ -130,12 +130,15 @@ class CompareConfig:
         return run
 
 
-def evaluate_starting_policy(run: RunConfig, run_dir: Path, stop: StopRequest | None = None) -> None:
+def evaluate_starting_policy(
+    run: RunConfig, run_dir: Path, stop: StopRequest | None = None, progress: Callable[[int, int], None] | None = None
+) -> None:
     """Held-out accuracy of `run`'s starting policy, written as the step-0 record of `run_dir` (one
-    evaluation has no step boundary: a stop ends it at once, and it is redone)."""
+    evaluation has no step boundary: a stop ends it at once, and it is redone); `progress(done, total)`
+    hears its rollouts."""
     from trace_rl.run import evaluate_policy
 
-    figures = evaluate_policy(run)
+    figures = evaluate_policy(run, progress=progress)
     write_start(run, run_dir, {k: v for k, v in figures.items() if k.startswith(("val/", "timing_s/"))})
 
 
