@@ -30,10 +30,14 @@ import argparse
 import hashlib
 import io
 import json
+import lzma
 import math
+import os
 import shutil
 import sys
+import tarfile
 import tempfile
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -405,6 +409,40 @@ def main(argv: list[str] | None = None) -> int:
     packing = commands.add_parser("pack", help="pack results folders: run logs into runs.tar.xz, plots as 256-colour PNGs")
     packing.add_argument("folders", nargs="*", type=Path, help="results folders (default: every folder under docs/results)")
     args = parser.parse_args(argv)
+    try:
+        _check_inputs(args)
+        return _run(args)
+    except (OSError, ValueError, KeyError, EOFError, tarfile.TarError, lzma.LZMAError, zipfile.BadZipFile) as exc:
+        if os.environ.get("TRACE_RL_TRACEBACK"):
+            raise
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(f"results.py {args.command}: {type(exc).__name__}: {text} (TRACE_RL_TRACEBACK=1 shows where)", file=sys.stderr)
+        return 2
+
+
+def _check_inputs(args: argparse.Namespace) -> None:
+    """The paths a subcommand reads exist and are what it reads (a folder, a file), and its numbers are
+    in range: one line (exit 2) before any work, not a traceback from the middle of it."""
+    folders = {"export": ["run_dir"], "study": ["folders"], "reproduce": ["run_dir"], "trees": ["run_dir"],
+               "probe": ["folders"], "pack": ["folders"], "signal": ["results"]}[args.command]
+    files = {"export": ["config", "pauses"], "study": ["pauses"]}.get(args.command, [])
+    for name in folders:
+        for path in (lambda v: v if isinstance(v, list) else [v])(getattr(args, name)):
+            if not path.is_dir():
+                raise NotADirectoryError(f"{path} is not a folder" + ("" if path.exists() else " (it does not exist)"))
+    for name in files:
+        path = getattr(args, name)
+        if path is not None and not path.is_file():
+            raise FileNotFoundError(f"--{name} {path} is not a file" + ("" if path.exists() else " (it does not exist)"))
+    if args.command == "reproduce" and not (args.run_dir / "config.yaml").is_file():
+        raise FileNotFoundError(f"{args.run_dir} has no config.yaml: give a run folder (ROW/seed_K of a comparison)")
+    for name in ("steps", "warmup", "at_least"):
+        value = getattr(args, name, None)
+        if value is not None and value < (1 if name == "steps" else 0):
+            raise ValueError(f"--{name.replace('_', '-')} must be {'>= 1' if name == 'steps' else '>= 0'}, got {value}")
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "pack":
         folders = args.folders or sorted(p for p in (REPO / "docs" / "results").iterdir() if p.is_dir())
         for folder in folders:

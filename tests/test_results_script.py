@@ -212,3 +212,26 @@ def test_the_committed_results_are_packed() -> None:
     from PIL import Image
 
     assert all(Image.open(p).mode == "P" for p in folder.glob("*/plots/*.png"))
+
+
+@pytest.mark.parametrize("argv", [
+    ["export", "{missing}", "{tmp}/out", "--config", "{tmp}/compare.yaml"],
+    ["export", "{tmp}", "{tmp}/out", "--config", "{missing}.yaml"],
+    ["study", "{missing}", "--steps", "10"],
+    ["study", "{tmp}", "--steps", "10"],  # a folder without runs
+    ["study", str(REPO / "docs/results/evidence_tiny"), "--steps", "100", "--contrast", "nosuch:grpo"],
+    ["study", str(REPO / "docs/results/evidence_tiny"), "--steps", "0"],
+    ["reproduce", "{tmp}"],  # no config.yaml
+    ["reproduce", "{missing}"],
+    ["trees", "{missing}"],
+    ["trees", "{tmp}", "--warmup", "-1"],
+    ["probe", "{missing}"],
+    ["pack", "{missing}"],
+    ["signal", "--results", "{missing}"],
+])
+def test_every_subcommand_refuses_bad_input_with_one_line_and_exit_2(argv, tmp_path, capsys):
+    (tmp_path / "compare.yaml").write_text("methods: [grpo]\n")
+    argv = [a.format(tmp=tmp_path, missing=tmp_path / "nope") for a in argv]
+    assert results.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"results.py {argv[0]}: ") and "\n" not in err and "Traceback" not in err, err

@@ -237,6 +237,19 @@ def run_clocks(folders: Sequence[str | Path], pauses: Sequence[tuple[float, floa
     return clocks
 
 
+def _check_rows_named(folders: Sequence[Path], rows: set[str], contrasts: Sequence[str], reference: str | None) -> None:
+    """ValueError unless the folders hold runs and every row a well-formed contrast or the reference names
+    is one of theirs: a misspelt row would otherwise read as a contrast of 0 seeds. (The candidates of the
+    strongest-baseline rule may not have run yet: that rule waits for them.)"""
+    if not rows:
+        raise ValueError(f"no runs in {', '.join(map(str, folders))}: a study reads comparison folders (ROW/seed_K/metrics.jsonl)")
+    pairs = [spec.partition(":") for spec in contrasts]
+    named = [row for a, sep, b in pairs if sep and a and b for row in (a, b) if row != STRONGEST]
+    unknown = sorted({row for row in [*named, *([reference] if reference else [])] if row not in rows})
+    if unknown:
+        raise ValueError(f"no row {', '.join(map(repr, unknown))} in these folders (their rows: {', '.join(sorted(rows))})")
+
+
 def study(
     folders: Sequence[str | Path],
     *,
@@ -262,6 +275,7 @@ def study(
     runs = {row: runs[row] for row in sorted(runs, key=lambda r: list(order).index(r) if r in order else len(order))}
     logged = run_clocks(folders, pauses)
     starts = {seed: _final(_rows(run), accuracy) for seed, run in runs.pop(START, {}).items()}
+    _check_rows_named(folders, set(runs), contrasts, reference)
     finals: dict[str, dict[int, float]] = {}
     rows_out: dict[str, Any] = {}
     unfinished: dict[str, dict[str, int]] = {}
