@@ -48,7 +48,6 @@ from trace_rl.infra.config import load_config
 from trace_rl.planning.metrics import UnsolvedTally, agreeing_budget
 from trace_rl.report.plots import find_runs, plot_contrasts, plot_metrics
 from trace_rl.research.compare import CompareConfig, summarise, summary_table
-from trace_rl.run import RunConfig
 from trace_rl.research.reproduce import code_at, train_with
 from trace_rl.research.stage2_probe import probe_run
 from trace_rl.research.study import (
@@ -81,7 +80,6 @@ def export(run_dir: Path, dest: Path, config_path: Path, pauses: Path | None = N
     tree files (which the copy leaves out); the wall-clock plots draw them. `plots=False` for a phase of
     a study whose page draws every row of it (`study --out`): its own plots would repeat a subset."""
     config = load_config(CompareConfig, config_path)
-    _check_made_with(run_dir, config, config_path)
     dest.mkdir(parents=True, exist_ok=True)
     if not (dest / "compare.yaml").exists() or not (dest / "compare.yaml").samefile(config_path):  # re-exporting from the copy
         shutil.copyfile(config_path, dest / "compare.yaml")
@@ -105,35 +103,6 @@ def export(run_dir: Path, dest: Path, config_path: Path, pauses: Path | None = N
         plot_metrics(corrected_runs([dest]), dest / "plots")
     pack(dest)
     return summary
-
-
-IDENTITY = ("seed", "rollout.method", "train.steps", "model.name", "task.name", "rollout.budget", "prompts_per_step")
-"""The keys `export` checks between each run's own config.yaml and the compare config it is given."""
-
-
-def _check_made_with(run_dir: Path, config: CompareConfig, config_path: Path) -> None:
-    """ValueError unless every run under `run_dir` was made with `config` as far as `IDENTITY` says (its
-    row, seed, steps, model, task and budget): a summary from another config would misread the runs
-    (every one "unfinished", or the wrong seeds paired) and still exit 0."""
-    from trace_rl.infra.config import from_dict, load_yaml
-    from trace_rl.run import config_changes, run_config_data
-
-    for run in seed_runs(run_dir):
-        path = run / "config.yaml"
-        if not run_file_exists(path):
-            continue
-        own = from_dict(RunConfig, run_config_data(load_yaml(read_run_file(path).decode("utf-8"), str(path))))
-        seed = int(run.name.removeprefix("seed_"))
-        row = run.parent.name
-        if row != START and row not in [*config.methods, *config.variants]:
-            raise ValueError(f"{run.relative_to(run_dir)} is a row {config_path} does not have (its rows: {', '.join(config.methods)})")
-        expected = config.start_config(seed) if row == START else config.run_config(row, seed)
-        changed = {k: v for k, v in config_changes(own, expected).items() if k in IDENTITY}
-        if row == START:
-            changed = {k: v for k, v in changed.items() if k not in ("rollout.method", "train.steps")}
-        if changed:
-            said = ", ".join(f"{k}={old!r} (the config says {new!r})" for k, (old, new) in changed.items())
-            raise ValueError(f"{run.relative_to(run_dir)} was not made with {config_path}: {said}")
 
 
 def pack(folder: Path) -> dict:

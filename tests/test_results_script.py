@@ -235,11 +235,3 @@ def test_every_subcommand_refuses_bad_input_with_one_line_and_exit_2(argv, tmp_p
     assert results.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"results.py {argv[0]}: ") and "\n" not in err and "Traceback" not in err, err
-
-
-def test_export_refuses_a_config_the_runs_were_not_made_with(tmp_path, capsys):
-    committed = REPO / "docs" / "results" / "smollm2_paper"
-    assert results.main(["export", str(committed), str(tmp_path / "out"), "--config", str(REPO / "configs" / "evidence_tiny.yaml")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "was not made with" in err and "\n" not in err, err
-    assert not (tmp_path / "out").exists()
